@@ -1,0 +1,242 @@
+"""``pdserve bench``: load generation and side-by-side comparisons. Parses flags, calls one function."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+import uvloop
+
+from pdserve.bench.prompts import PromptMaker, prompt_maker
+from pdserve.bench.report import Point, to_markdown, write_report
+from pdserve.bench.stats import Slo, Summary
+from pdserve.bench.sweep import Load, PoissonLoad, StreamsLoad, Workload
+from pdserve.bench.workload import BenchRequest, Lengths, replay_trace, shared_prefix_chat, synthetic
+from pdserve.config import DEMO_MODEL_NAME, load_settings
+from pdserve.errors import ConfigError, PdserveError
+
+bench_app = typer.Typer(help="Measure latency and goodput, side by side.", no_args_is_help=True)
+T = TypeVar("T")
+
+RateOption = Annotated[str | None, typer.Option(help="Poisson arrival rates in requests/s, e.g. 1,2,4.")]
+DurationOption = Annotated[float, typer.Option(help="Seconds of load per target and level.")]
+InputOption = Annotated[str, typer.Option(help="Prompt tokens: N, or LOW-HIGH drawn uniformly.")]
+OutputOption = Annotated[str, typer.Option(help="Output tokens (exact: ignore_eos): N, or LOW-HIGH.")]
+TtftSloOption = Annotated[float, typer.Option(help="TTFT SLO for goodput, ms.")]
+ItlSloOption = Annotated[float, typer.Option(help="SLO on each request's p90 inter-token gap, ms.")]
+OutOption = Annotated[Path | None, typer.Option(help="Folder for results.{json,md,png}; default runs/bench-*.")]
+
+
+class WorkloadKind(StrEnum):
+    SYNTHETIC = "synthetic"
+    CHAT = "chat"
+    TRACE = "trace"
+
+
+@bench_app.command()
+def run(
+    target: Annotated[list[str], typer.Option(
+        "--target", "-t", help="NAME=URL[,URL...] (repeatable); several URLs share requests round-robin.")],
+    rate: RateOption = None,
+    concurrency: Annotated[str | None, typer.Option(help="Fixed concurrent streams instead, e.g. 8,16.")] = None,
+    duration: DurationOption = 30.0,
+    workload: Annotated[WorkloadKind, typer.Option(help="synthetic, shared-prefix chat, or a JSONL trace.")] = (
+        WorkloadKind.SYNTHETIC),
+    input_tokens: InputOption = "256",
+    output_tokens: OutputOption = "64",
+    prefix_tokens: Annotated[int, typer.Option(help="chat: shared system prompt tokens.")] = 512,
+    turns: Annotated[int, typer.Option(help="chat: turns per conversation.")] = 4,
+    trace: Annotated[Path | None, typer.Option(help="trace: JSONL file (see `replay_trace`).")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(help="tokenizer.json for exact prompt lengths; "
+                                                        "default: the demo model's, if built.")] = None,
+    model: Annotated[str, typer.Option(help="The `model` field sent.")] = DEMO_MODEL_NAME,
+    ttft_slo_ms: TtftSloOption = 500.0,
+    itl_slo_ms: ItlSloOption = 100.0,
+    timeout_s: Annotated[float, typer.Option(help="Per request.")] = 300.0,
+    seed: int = 0,
+    out: OutOption = None,
+) -> None:
+    """Load any OpenAI-compatible URLs side by side; report percentiles and goodput per target and level."""
+    from pdserve.bench.progress import request_bar
+    from pdserve.bench.runner import Target
+    from pdserve.bench.sweep import sweep
+
+    targets = _checked(lambda: [Target.parse(text) for text in target])
+    prompts = prompt_maker(tokenizer or load_settings().demo_model_dir / "tokenizer.json")
+    make = _checked(lambda: _workload(
+        workload, model=model, input_tokens=input_tokens, output_tokens=output_tokens, prefix_tokens=prefix_tokens,
+        turns=turns, trace=trace, prompts=prompts, seed=seed))
+    traced = make(0)  # non-empty only for a trace replayed whole, on its own timestamps
+    if traced and all(request.at_s is not None for request in traced):
+        span_s = max(request.at_s or 0.0 for request in traced) or 1.0
+        loads: list[Load] = [PoissonLoad(rate=len(traced) / span_s, duration_s=span_s)]  # the trace's own times
+    else:
+        loads = _checked(lambda: _loads(rate, concurrency, duration_s=duration, seed=seed))
+    slo = Slo(ttft_s=ttft_slo_ms / 1000, itl_s=itl_slo_ms / 1000)
+    points = _run(sweep(targets, loads, workload=make, slo=slo, timeout_s=timeout_s, progress=request_bar))
+    _write(points, out=out, load_name="streams" if concurrency else "rate", slo=slo, title="pdserve bench run",
+           meta={"command": sys.argv, "targets": {t.name: list(t.urls) for t in targets}, "workload": workload})
+
+
+@bench_app.command()
+def compare(
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML configuration (default: CPU demo).")] = None,
+    rate: RateOption = "1,2,4",
+    duration: DurationOption = 15.0,
+    input_tokens: InputOption = "128",
+    output_tokens: OutputOption = "48",
+    ttft_slo_ms: TtftSloOption = 500.0,
+    itl_slo_ms: ItlSloOption = 100.0,
+    base_port: Annotated[int, typer.Option(help="Gateway port; engines at +10.., side channels at 5610..")] = 8300,
+    out: OutOption = None,
+) -> None:
+    """Start the engines, then run one workload direct, aggregated and disaggregated, side by side."""
+    from pdserve.bench.compare import run_compare
+    from pdserve.bench.progress import request_bar
+
+    settings = _checked(lambda: load_settings(config, overrides={
+        "gateway.port": base_port, "prefill.base_port": base_port + 10, "decode.base_port": base_port + 20,
+        "kv.side_channel_base_port": 5610, "launch.log_dir": ".pdserve/bench-logs",
+    }))
+    loads = _checked(lambda: _loads(rate, None, duration_s=duration, seed=0))
+    slo = Slo(ttft_s=ttft_slo_ms / 1000, itl_s=itl_slo_ms / 1000)
+    points = _run(run_compare(
+        settings, loads, input_tokens=_checked(lambda: Lengths.parse(input_tokens, name="--input-tokens")),
+        output_tokens=_checked(lambda: Lengths.parse(output_tokens, name="--output-tokens")), slo=slo,
+        timeout_s=300.0, progress=_say, bar=request_bar,
+    ))
+    _write(points, out=out, load_name="rate", slo=slo, title="pdserve bench compare (CPU demo)",
+           meta={"command": sys.argv, "settings": settings.model_dump(mode="json")})
+
+
+@bench_app.command()
+def overhead(
+    streams: Annotated[int, typer.Option(help="Concurrent streams.")] = 128,
+    duration: Annotated[float, typer.Option(help="Steady-state seconds per path (direct, gateway).")] = 20.0,
+    output_tokens: Annotated[int, typer.Option(help="Tokens per stream.")] = 256,
+    tokens_per_s: Annotated[float, typer.Option(help="Token rate of each stream.")] = 100.0,
+    ttft_ms: Annotated[float, typer.Option(help="The synthetic engine's prefill time.")] = 20.0,
+    rounds: Annotated[int, typer.Option(help="Alternating windows per path (ABBA order).")] = 2,
+    log_dir: Annotated[Path, typer.Option(help="Logs of the upstream and gateway processes.")] = Path(
+        ".pdserve/bench-overhead"),
+) -> None:
+    """The gateway's own cost: a synthetic engine direct vs through the gateway, in alternating windows.
+
+    The last line printed is one JSON object: ttft_p50_added_ms, itl_p99_added_ms, throughput_ratio.
+    """
+    from pdserve.bench.overhead import OverheadPlan, measure_overhead
+
+    plan = OverheadPlan(streams=streams, output_tokens=output_tokens, tokens_per_s=tokens_per_s,
+                        ttft_s=ttft_ms / 1000, duration_s=duration, rounds=rounds)
+    _say(f"{streams} streams x {output_tokens} tokens at {tokens_per_s:g} tok/s, TTFT {ttft_ms:g} ms; "
+         f"{duration:g} s steady per path in {rounds} rounds")
+    result = _run(measure_overhead(plan, log_dir=log_dir, progress=_say))
+    for name, summary in (("direct", result.direct), ("gateway", result.gateway)):
+        _say(_overhead_line(name, summary))
+    figures = {"streams": streams, "ttft_p50_added_ms": round(result.ttft_p50_added_ms, 3),
+               "itl_p99_added_ms": round(result.itl_p99_added_ms, 3),
+               "throughput_ratio": round(result.throughput_ratio, 4)}
+    _say(f"gateway adds {figures['ttft_p50_added_ms']:+.2f} ms TTFT p50, {figures['itl_p99_added_ms']:+.2f} ms "
+         f"inter-token p99, and delivers {figures['throughput_ratio']:.1%} of direct tokens/s")
+    print(json.dumps(figures), flush=True)
+
+
+@bench_app.command()
+def upstream(
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (0 = any).")] = 8900,
+    ttft_ms: Annotated[float, typer.Option(help="Prefill time of whole requests and prefill legs.")] = 20.0,
+    tokens_per_s: Annotated[float, typer.Option(help="Token rate of each stream.")] = 100.0,
+    handoff_ms: Annotated[float, typer.Option(help="Decode leg: delay before its first token.")] = 0.0,
+) -> None:
+    """A synthetic OpenAI-compatible engine that streams tokens at a set pace (no model)."""
+    from pdserve.bench.upstream import Pace, serve_forever
+
+    pace = Pace(ttft_s=ttft_ms / 1000, tokens_per_s=tokens_per_s, handoff_s=handoff_ms / 1000)
+    _run(serve_forever(pace, port=port, announce=_say))
+
+
+def _workload(
+    kind: WorkloadKind, *, model: str, input_tokens: str, output_tokens: str, prefix_tokens: int, turns: int,
+    trace: Path | None, prompts: PromptMaker, seed: int,
+) -> Workload:
+    """The request factory for ``kind``; raises ConfigError on bad lengths or a missing trace.
+
+    A trace whose entries all carry timestamps is replayed whole, whatever count is asked for.
+    """
+    inputs = Lengths.parse(input_tokens, name="--input-tokens")
+    outputs = Lengths.parse(output_tokens, name="--output-tokens")
+    if kind is WorkloadKind.TRACE:
+        if trace is None:
+            raise ConfigError("--workload trace needs --trace FILE")
+        entries = replay_trace(trace, model=model, prompts=prompts, seed=seed)
+        is_timed = bool(entries) and all(entry.at_s is not None for entry in entries)
+        return lambda count: entries if is_timed else _cycled(entries, count)
+    if kind is WorkloadKind.CHAT:
+        return lambda count: shared_prefix_chat(count, model=model, prefix_tokens=prefix_tokens, turn_tokens=inputs,
+                                                output_tokens=outputs, turns=turns, prompts=prompts, seed=seed)
+    return lambda count: synthetic(count, model=model, input_tokens=inputs, output_tokens=outputs,
+                                   prompts=prompts, seed=seed)
+
+
+def _cycled(entries: Sequence[BenchRequest], count: int) -> list[BenchRequest]:
+    return [entries[index % len(entries)] for index in range(count)]
+
+
+def _loads(rate: str | None, concurrency: str | None, *, duration_s: float, seed: int) -> list[Load]:
+    if (rate is None) == (concurrency is None):
+        raise ConfigError("give exactly one of --rate and --concurrency")
+    try:
+        if rate is not None:
+            return [PoissonLoad(float(level), duration_s, seed) for level in rate.split(",")]
+        assert concurrency is not None
+        return [StreamsLoad(int(level), duration_s) for level in concurrency.split(",")]
+    except ValueError as exc:
+        raise ConfigError(f"--rate/--concurrency: expected comma-separated numbers ({exc})") from exc
+
+
+def _write(points: list[Point], *, out: Path | None, load_name: str, slo: Slo, title: str, meta: dict[str, Any]) -> None:
+    out_dir = out or Path("runs") / time.strftime("bench-%Y%m%d-%H%M%S")
+    meta = meta | {"slo_ms": {"ttft": slo.ttft_s * 1000, "itl_p90": slo.itl_s * 1000}}
+    paths = write_report(points, out_dir=out_dir, load_name=load_name, meta=meta, title=title)
+    _say("\n" + to_markdown(points, load_name=load_name))
+    _say("wrote " + ", ".join(str(path) for path in paths))
+
+
+def _overhead_line(name: str, summary: Summary) -> str:
+    ttft, itl = summary.ttft_ms, summary.itl_ms
+    assert ttft is not None and itl is not None, f"{name}: nothing measured ({summary.errors} errors)"
+    return (f"{name:<8} TTFT ms p50 {ttft.p50:6.2f} p90 {ttft.p90:6.2f} p99 {ttft.p99:6.2f} | "
+            f"ITL ms p50 {itl.p50:6.2f} p90 {itl.p90:6.2f} p99 {itl.p99:6.2f} | "
+            f"{summary.output_tokens_per_s:8.0f} tok/s  {summary.requests} requests  {summary.errors} errors")
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _checked(build: Callable[[], T]) -> T:
+    """``build()``, with a ConfigError turned into one line on stderr and exit status 2."""
+    try:
+        return build()
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(2) from exc
+
+
+def _run(work: Coroutine[Any, Any, T]) -> T:
+    """Run ``work`` on uvloop; a PdserveError becomes one line on stderr and exit status 1."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(work)
+    except PdserveError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(2 if isinstance(exc, ConfigError) else 1) from exc

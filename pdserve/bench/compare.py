@@ -1,0 +1,105 @@
+"""``pdserve bench compare``: start the engines once and run one workload against three ways of
+serving with them, interleaved level by level:
+
+  direct         whole requests to a single engine
+  aggregated     whole requests spread round-robin over all the engines
+  disaggregated  pdserve's gateway: prefill on the prefill engines, decode on the decode engines
+
+Every engine runs with its KV connector; whole requests simply never use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+
+import aiohttp
+
+from pdserve.bench import runner
+from pdserve.bench.prompts import PromptMaker, prompt_maker
+from pdserve.bench.report import Point
+from pdserve.bench.stats import Slo
+from pdserve.bench.sweep import Load, ProgressBar, sweep
+from pdserve.bench.workload import BenchRequest, Lengths, synthetic
+from pdserve.config import Settings
+from pdserve.engines.supervisor import Supervisor
+from pdserve.errors import BenchFailed
+from pdserve.gateway.app import build_app
+from pdserve.gateway.server import make_server
+from pdserve.role import Role
+
+_WARM_UP_REQUESTS = 4
+
+
+async def run_compare(
+    settings: Settings, loads: Sequence[Load], *, input_tokens: Lengths, output_tokens: Lengths, slo: Slo,
+    timeout_s: float, progress: Callable[[str], None], bar: ProgressBar,
+) -> list[Point]:
+    """Start ``settings``' engines and gateway, sweep ``loads`` over the three targets, stop all."""
+    from pdserve.up import resolve_model  # builds the demo model; torch loads slowly
+
+    model_path = await resolve_model(settings, progress=progress)
+    prompts = prompt_maker(Path(model_path) / "tokenizer.json")
+
+    def workload(count: int) -> list[BenchRequest]:
+        return synthetic(count, model=settings.model.served_name, input_tokens=input_tokens,
+                         output_tokens=output_tokens, prompts=prompts, seed=0)
+
+    supervisor = Supervisor(settings, model_path=model_path, progress=progress)
+    progress(f"starting {len(supervisor.engines)} engine(s)")
+    async with aiohttp.ClientSession() as session:
+        await supervisor.start_all(session)
+        try:
+            async with _serving_gateway(settings) as gateway_url:
+                targets = _targets(settings, gateway_url)
+                await _warm_up(targets, prompts=prompts, model=settings.model.served_name)
+                return await sweep(targets, loads, workload=workload, slo=slo, timeout_s=timeout_s, progress=bar)
+        finally:
+            progress("stopping engines ...")
+            await supervisor.stop_all()
+
+
+def _targets(settings: Settings, gateway_url: str) -> list[runner.Target]:
+    prefill, decode = settings.endpoint_urls(Role.PREFILL), settings.endpoint_urls(Role.DECODE)
+    if not prefill or not decode:
+        raise BenchFailed("compare needs at least one prefill and one decode engine")
+    return [
+        runner.Target("direct", (decode[0],)),
+        runner.Target("aggregated", tuple(prefill + decode)),
+        runner.Target("disaggregated", (gateway_url,)),
+    ]
+
+
+async def _warm_up(targets: Sequence[runner.Target], *, prompts: PromptMaker, model: str) -> None:
+    """A few requests per engine and through the gateway, so first-use costs (compilation, the
+    KV connector's handshake) are not measured. Raises BenchFailed if any of them fails.
+    """
+    requests = synthetic(_WARM_UP_REQUESTS, model=model, input_tokens=Lengths(16, 16),
+                         output_tokens=Lengths(4, 4), prompts=prompts, seed=1)
+    async with runner.new_session() as session:
+        for target in targets:
+            for url in target.urls:
+                for request in requests:
+                    record = await runner.send(session, target.name, url, request, timeout_s=120.0)
+                    if record.error is not None:
+                        raise BenchFailed(f"warm-up request to {target.name} ({url}) failed: {record.error}")
+
+
+@contextlib.asynccontextmanager
+async def _serving_gateway(settings: Settings) -> AsyncIterator[str]:
+    """The real gateway in this process: the engines, not this loop, are the bottleneck here."""
+    host, port = "127.0.0.1", settings.gateway.port
+    server = make_server(build_app(settings), host=host, port=port)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+            raise BenchFailed(f"gateway did not start on {host}:{port}")
+        await asyncio.sleep(0.05)
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        await task

@@ -1,0 +1,248 @@
+"""The typed configuration tree: load it, validate it, derive per-engine specs.
+
+Precedence: defaults < YAML file < environment (``PDSERVE_SECTION__FIELD``) < flags.
+This is the only module that reads ``os.environ``; everything else receives typed objects.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pdserve.errors import ConfigError
+from pdserve.role import Role
+
+ENV_PREFIX = "PDSERVE_"
+DEMO_MODEL_NAME = "pdserve-demo"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelSpec(_Frozen):
+    """Which model every engine serves. ``path: null`` means the built-in demo model."""
+
+    path: str | None = Field(None, description="HF model dir or id; null = built-in demo model")
+    served_name: str = Field(DEMO_MODEL_NAME, description="name clients send as `model`")
+    max_model_len: int = Field(2048, gt=0, description="context length in tokens")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+
+
+class PoolSpec(_Frozen):
+    """One pool of engines of the same role (prefill or decode)."""
+
+    engines: int = Field(1, ge=0, description="engines to launch (0 with urls = external)")
+    device: Literal["cpu", "cuda"] = "cpu"
+    gpu_ids: list[int] = Field(default_factory=list, description="GPUs, tp_size per engine")
+    tensor_parallel_size: int = Field(1, ge=1)
+    base_port: int = Field(..., ge=1, le=65535, description="engine i listens on base_port+i")
+    cpu_threads_bind: list[str] = Field(
+        default_factory=list,
+        description="VLLM_CPU_OMP_THREADS_BIND per engine, e.g. ['0-3']; empty = split cores",
+    )
+    kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE for CPU engines")
+    extra_args: list[str] = Field(default_factory=list, description="extra vLLM CLI args")
+    env: dict[str, str] = Field(default_factory=dict, description="extra engine env vars")
+    urls: list[str] = Field(default_factory=list, description="already-running engines")
+
+    @model_validator(mode="after")
+    def _check_gpus(self) -> PoolSpec:
+        if self.device == "cuda" and self.engines:
+            needed = self.engines * self.tensor_parallel_size
+            if len(self.gpu_ids) < needed:
+                raise ValueError(f"gpu_ids needs {needed} ids for {self.engines} engine(s)")
+        if self.cpu_threads_bind and len(self.cpu_threads_bind) != self.engines:
+            raise ValueError("cpu_threads_bind needs one entry per engine")
+        return self
+
+
+class KVTransferSpec(_Frozen):
+    """How the KV cache travels from prefill to decode engines (vLLM's kv_transfer_config)."""
+
+    connector: Literal["NixlConnector"] = "NixlConnector"
+    buffer_device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto = cpu for CPU engines, cuda for GPU engines"
+    )
+    backends: list[str] = Field(default_factory=lambda: ["UCX"], description="NIXL backends")
+    side_channel_base_port: int = Field(5600, ge=1, le=65535)
+
+
+class GatewaySpec(_Frozen):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    connect_timeout_s: float = Field(5.0, gt=0)
+    prefill_timeout_s: float = Field(300.0, gt=0, description="whole prefill leg")
+    decode_idle_timeout_s: float = Field(120.0, gt=0, description="max silence on decode stream")
+    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
+    leg_attempts: int = Field(2, ge=1, description="endpoints tried per leg before failing")
+    health_interval_s: float = Field(2.0, gt=0)
+    health_timeout_s: float = Field(5.0, gt=0, description="a busy engine answers /health slowly")
+    unhealthy_after_failures: int = Field(3, ge=1, description="failed probes in a row to eject")
+    slow_handoff_warn_s: float = Field(1.0, gt=0, description="warn when a KV handoff is slower")
+
+
+class LaunchSpec(_Frozen):
+    ready_timeout_s: float = Field(900.0, gt=0, description="per engine, load + warm-up")
+    log_dir: str = Field(".pdserve/logs", description="one log file per engine")
+    max_restarts: int = Field(5, ge=0, description="per engine, before giving up")
+    python: str = Field("", description="interpreter for engines; empty = this one")
+    engine_host: str = Field("127.0.0.1", description="address engines bind to")
+    restart_backoff_s: float = Field(2.0, gt=0, description="first restart delay, doubled each time")
+
+
+class EngineSpec(_Frozen):
+    """One engine to launch: its pool's settings plus what makes it unique on the host."""
+
+    role: Role
+    index: int
+    port: int
+    side_channel_port: int
+    gpu_ids: list[int]
+    cpu_threads_bind: str
+    pool: PoolSpec
+
+    @property
+    def name(self) -> str:
+        return f"{self.role.value}-{self.index}"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def engine_id(self) -> str:
+        return f"pdserve-{self.name}"
+
+
+class Settings(_Frozen):
+    model: ModelSpec = ModelSpec()
+    prefill: PoolSpec = PoolSpec(base_port=8100)
+    decode: PoolSpec = PoolSpec(base_port=8200)
+    kv: KVTransferSpec = KVTransferSpec()
+    gateway: GatewaySpec = GatewaySpec()
+    launch: LaunchSpec = LaunchSpec()
+    cache_dir: str = Field("", description="demo model cache; empty = $XDG_CACHE_HOME/pdserve")
+
+    def pool(self, role: Role) -> PoolSpec:
+        return self.prefill if role is Role.PREFILL else self.decode
+
+    def engine_specs(self) -> list[EngineSpec]:
+        """One spec per engine to launch, prefill pool first; ports and ids are unique."""
+        specs: list[EngineSpec] = []
+        for role in Role:
+            pool = self.pool(role)
+            for index in range(pool.engines):
+                tp = pool.tensor_parallel_size
+                specs.append(
+                    EngineSpec(
+                        role=role,
+                        index=index,
+                        port=pool.base_port + index,
+                        side_channel_port=self.kv.side_channel_base_port + len(specs),
+                        gpu_ids=pool.gpu_ids[index * tp : (index + 1) * tp],
+                        cpu_threads_bind=pool.cpu_threads_bind[index] if pool.cpu_threads_bind else "",
+                        pool=pool,
+                    )
+                )
+        return specs
+
+    def endpoint_urls(self, role: Role) -> list[str]:
+        """Where the gateway sends legs of ``role``: launched engines plus external urls."""
+        launched = [spec.base_url for spec in self.engine_specs() if spec.role is role]
+        return launched + list(self.pool(role).urls)
+
+    @model_validator(mode="after")
+    def _check_ports_unique(self) -> Settings:
+        ports = [self.gateway.port]
+        for spec in self.engine_specs():
+            ports += [spec.port, spec.side_channel_port]
+        clashes = sorted({port for port in ports if ports.count(port) > 1})
+        if clashes:
+            raise ValueError(f"ports used twice (gateway, engines, side channels): {clashes}")
+        return self
+
+    @property
+    def demo_model_dir(self) -> Path:
+        return Path(self.cache_dir) / "demo-model"
+
+
+def load_settings(path: Path | None = None, *, overrides: Mapping[str, Any] | None = None) -> Settings:
+    """Merge defaults, ``path`` (YAML), ``PDSERVE_*`` env vars and ``overrides`` into Settings.
+
+    ``overrides`` uses dotted keys (``{"gateway.port": 9000}``). Raises ConfigError listing
+    every invalid field by its path, before anything is started.
+    """
+    tree: dict[str, Any] = {}
+    if path is not None:
+        _deep_merge(tree, _read_yaml(path))
+    for key, value in os.environ.items():
+        if key.startswith(ENV_PREFIX) and "__" in key:
+            _set_dotted(tree, key.removeprefix(ENV_PREFIX).lower().replace("__", "."), value)
+    for key, value in (overrides or {}).items():
+        _set_dotted(tree, key, value)
+    tree["cache_dir"] = tree.get("cache_dir") or _default_cache_dir()
+    return parse_settings(tree, source=str(path) if path else "defaults")
+
+
+def parse_settings(tree: Mapping[str, Any], *, source: str) -> Settings:
+    """Validate a plain dict; raises ConfigError naming each bad field path."""
+    try:
+        return Settings.model_validate(tree)
+    except ValidationError as exc:
+        problems = [
+            f"  {'.'.join(str(part) for part in error['loc']) or '<root>'}: {error['msg']}"
+            for error in exc.errors()
+        ]
+        raise ConfigError(f"invalid configuration ({source}):\n" + "\n".join(problems)) from exc
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return loaded
+
+
+def _default_cache_dir() -> str:
+    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(cache_home) / "pdserve")
+
+
+def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> None:
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            _deep_merge(base[key], value)
+        else:
+            base[key] = value
+
+
+def _set_dotted(tree: dict[str, Any], dotted_key: str, value: Any) -> None:
+    *parents, leaf = dotted_key.split(".")
+    node = tree
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{dotted_key}: {part} is not a section")
+        node = child
+    node[leaf] = _parse_scalar(value) if isinstance(value, str) else value
+
+
+def _parse_scalar(text: str) -> Any:
+    """Env values are strings; YAML-parse them so lists and numbers work (``[0, 1]``)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text

@@ -1,0 +1,83 @@
+"""Pure: an EngineSpec becomes the argv and environment of one vLLM OpenAI server. No I/O."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pdserve.config import EngineSpec, KVTransferSpec, ModelSpec
+from pdserve.role import Role
+
+VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# The prefill engine only produces KV cache, the decode engine only consumes it.
+KV_ROLES = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer"}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCommand:
+    argv: list[str]
+    env: dict[str, str]  # added to the parent's environment
+
+
+def build_engine_command(
+    spec: EngineSpec, *, model: ModelSpec, model_path: str, kv: KVTransferSpec, python: str, host: str,
+    cpu_bind: str,
+) -> EngineCommand:
+    """argv + env for ``spec``. ``cpu_bind`` is VLLM_CPU_OMP_THREADS_BIND for CPU engines."""
+    pool = spec.pool
+    argv = [
+        python, "-m", VLLM_SERVER_MODULE,
+        "--model", model_path,
+        "--served-model-name", model.served_name,
+        "--host", host,
+        "--port", str(spec.port),
+        "--max-model-len", str(model.max_model_len),
+        "--dtype", model.dtype,
+        "--tensor-parallel-size", str(pool.tensor_parallel_size),
+        "--kv-transfer-config", json.dumps(kv_transfer_config(spec, kv)),
+        *pool.extra_args,
+    ]
+    env = {
+        "PYTHONUNBUFFERED": "1",
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+        "VLLM_NIXL_SIDE_CHANNEL_PORT": str(spec.side_channel_port),
+    }
+    if pool.device == "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(gpu) for gpu in spec.gpu_ids)
+        # UCX disables cuda_ipc reads (vLLM's decode-side pull) when NVML reports no NVLink,
+        # as on single-GPU VMs, and falls back to TCP at ~20 MB/s; see docs/transport.md.
+        env["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"] = "y"
+    else:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(pool.kv_cache_gib)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind
+    env.update(pool.env)
+    return EngineCommand(argv=argv, env=env)
+
+
+def kv_transfer_config(spec: EngineSpec, kv: KVTransferSpec) -> dict[str, Any]:
+    """vLLM's ``--kv-transfer-config`` for one engine: unique engine_id, role, buffer device."""
+    buffer_device = kv.buffer_device if kv.buffer_device != "auto" else spec.pool.device
+    return {
+        "kv_connector": kv.connector,
+        "kv_role": KV_ROLES[spec.role],
+        "engine_id": spec.engine_id,
+        "kv_buffer_device": buffer_device,
+        "kv_connector_extra_config": {"backends": list(kv.backends)},
+    }
+
+
+def split_cpus(cpus: Sequence[int], parts: int) -> list[str]:
+    """Give each of ``parts`` CPU engines its own cores (VLLM_CPU_OMP_THREADS_BIND syntax).
+
+    Two engines fighting over the same cores run slower than each on half of them. With
+    fewer cores than engines, every engine gets them all.
+    """
+    ordered = sorted(cpus)
+    if parts <= 0:
+        return []
+    if len(ordered) < parts:
+        return [",".join(map(str, ordered))] * parts
+    share = len(ordered) // parts
+    return [",".join(map(str, ordered[i * share : (i + 1) * share])) for i in range(parts)]

@@ -1,0 +1,123 @@
+"""Start one engine subprocess, wait until it answers ``/health``, stop it with its children.
+
+Each engine runs in its own process group and is told to die with us (PR_SET_PDEATHSIG), so
+Ctrl-C, SIGTERM or even a SIGKILL of pdserve leaves no engine behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+import aiohttp
+
+from pdserve.config import EngineSpec
+from pdserve.engines.command import EngineCommand
+from pdserve.errors import EngineStartFailed
+
+_PR_SET_PDEATHSIG = 1
+_PROGRESS_EVERY_S = 10.0
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: the kernel SIGTERMs it when pdserve exits."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class EngineProcess:
+    """One vLLM server process and its log file."""
+
+    def __init__(self, spec: EngineSpec, command: EngineCommand, *, log_path: Path) -> None:
+        self.spec, self.command, self.log_path = spec, command, log_path
+        self._process: asyncio.subprocess.Process | None = None
+        self._log_file: IO[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    @property
+    def is_running(self) -> bool:
+        return self._process is not None and self._process.returncode is None
+
+    async def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = self.log_path.open("ab")
+        self._log_file.write(f"\n=== pdserve: starting {self.spec.name}: {' '.join(self.command.argv)}\n".encode())
+        self._log_file.flush()
+        self._process = await asyncio.create_subprocess_exec(
+            *self.command.argv,
+            env={**os.environ, **self.command.env},
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+
+    async def wait_exit(self) -> int:
+        assert self._process is not None, "engine not started"
+        return await self._process.wait()
+
+    async def wait_ready(
+        self, session: aiohttp.ClientSession, *, timeout_s: float, progress: Callable[[str], None]
+    ) -> float:
+        """Poll ``/health`` until 200; returns seconds waited. Prints progress every 10 s.
+
+        Raises EngineStartFailed when the process exits or ``timeout_s`` passes, quoting the
+        end of its log so the cause is on screen.
+        """
+        started_s = last_report_s = time.monotonic()
+        url = f"{self.spec.base_url}/health"
+        while True:
+            if not self.is_running:
+                raise EngineStartFailed(f"{self.spec.name} exited during start-up:\n{self.log_tail()}")
+            waited_s = time.monotonic() - started_s
+            if waited_s > timeout_s:
+                raise EngineStartFailed(f"{self.spec.name} not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with session.get(url, timeout=aiohttp.ClientTimeout(total=2.0)) as reply:
+                    if reply.status == 200:
+                        return waited_s
+            if time.monotonic() - last_report_s >= _PROGRESS_EVERY_S:
+                last_report_s = time.monotonic()
+                progress(f"  {self.spec.name:<10} loading  {waited_s:5.0f}s  | {self.log_tail(1)[:100]}")
+            await asyncio.sleep(0.5)
+
+    async def stop(self, *, grace_s: float = 20.0) -> None:
+        """SIGTERM the engine's process group, SIGKILL it after ``grace_s``; closes the log."""
+        process = self._process
+        if process is not None and process.returncode is None:
+            _signal_group(process.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), timeout=grace_s)
+            except TimeoutError:
+                _signal_group(process.pid, signal.SIGKILL)
+                await process.wait()
+        if process is not None:
+            _signal_group(process.pid, signal.SIGKILL)  # stragglers such as vLLM's EngineCore
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            with self.log_path.open("rb") as log:
+                tail = deque(log, maxlen=lines)
+        except OSError:
+            return ""
+        return b"".join(tail).decode(errors="replace").rstrip()
+
+
+def _signal_group(pid: int, signum: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signum)

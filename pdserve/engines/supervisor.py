@@ -1,0 +1,90 @@
+"""Keep the configured engines alive: start them together, restart one that dies, stop all."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import aiohttp
+
+from pdserve.config import Settings
+from pdserve.engines.command import build_engine_command, split_cpus
+from pdserve.engines.launcher import EngineProcess
+from pdserve.errors import EngineStartFailed
+
+log = logging.getLogger(__name__)
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, *, model_path: str, progress: Callable[[str], None]) -> None:
+        self._settings, self._progress = settings, progress
+        self._stopping = False
+        self.engines = _plan_engines(settings, model_path=model_path)
+
+    async def start_all(self, session: aiohttp.ClientSession) -> None:
+        """Start every engine at once and wait until all are ready; on any failure stop all."""
+        for engine in self.engines:
+            await engine.start()
+            self._progress(f"  {engine.spec.name:<10} started  pid {engine.pid}, log {engine.log_path}")
+        try:
+            await asyncio.gather(*(self._wait_ready(engine, session) for engine in self.engines))
+        except BaseException:
+            await self.stop_all()
+            raise
+
+    async def keep_alive(self, session: aiohttp.ClientSession) -> None:
+        """Run until cancelled: restart engines that exit, with doubling backoff.
+
+        Raises EngineStartFailed once an engine has used up ``launch.max_restarts``.
+        """
+        restarts = dict.fromkeys((engine.spec.name for engine in self.engines), 0)
+        async with asyncio.TaskGroup() as group:
+            for engine in self.engines:
+                group.create_task(self._keep_one(engine, session, restarts))
+
+    async def _keep_one(self, engine: EngineProcess, session: aiohttp.ClientSession, restarts: dict[str, int]) -> None:
+        launch = self._settings.launch
+        while True:
+            code = await engine.wait_exit()
+            if self._stopping:
+                return
+            name = engine.spec.name
+            if restarts[name] >= launch.max_restarts:
+                raise EngineStartFailed(f"{name} died (exit {code}) {restarts[name]} times; giving up:\n{engine.log_tail()}")
+            delay_s = launch.restart_backoff_s * 2 ** restarts[name]
+            restarts[name] += 1
+            log.error("%s DIED with exit code %s; restart %d/%d in %.0f s. Log tail:\n%s",
+                      name, code, restarts[name], launch.max_restarts, delay_s, engine.log_tail())
+            await asyncio.sleep(delay_s)
+            await engine.stop()
+            await engine.start()
+            await self._wait_ready(engine, session)
+
+    async def _wait_ready(self, engine: EngineProcess, session: aiohttp.ClientSession) -> None:
+        timeout_s = self._settings.launch.ready_timeout_s
+        waited_s = await engine.wait_ready(session, timeout_s=timeout_s, progress=self._progress)
+        self._progress(f"  {engine.spec.name:<10} ready    {waited_s:5.0f}s  {engine.spec.base_url}")
+
+    async def stop_all(self) -> None:
+        self._stopping = True
+        await asyncio.gather(*(engine.stop() for engine in self.engines))
+
+
+def _plan_engines(settings: Settings, *, model_path: str) -> list[EngineProcess]:
+    specs = settings.engine_specs()
+    cpu_specs = [spec for spec in specs if spec.pool.device == "cpu"]
+    auto_binds = iter(split_cpus(sorted(os.sched_getaffinity(0)), len(cpu_specs)))
+    log_dir = Path(settings.launch.log_dir)
+    engines = []
+    for spec in specs:
+        cpu_bind = spec.cpu_threads_bind or (next(auto_binds) if spec.pool.device == "cpu" else "")
+        command = build_engine_command(
+            spec, model=settings.model, model_path=model_path, kv=settings.kv,
+            python=settings.launch.python or sys.executable, host=settings.launch.engine_host, cpu_bind=cpu_bind,
+        )
+        engines.append(EngineProcess(spec, command, log_path=log_dir / f"{spec.name}.log"))
+    return engines

@@ -1,0 +1,24 @@
+"""Run the gateway app under uvicorn inside the caller's event loop."""
+
+from __future__ import annotations
+
+import contextlib
+
+import uvicorn
+from starlette.applications import Starlette
+
+
+def make_server(app: Starlette, *, host: str, port: int, handle_signals: bool = False) -> uvicorn.Server:
+    """A uvicorn server for ``app``; ``await server.serve()`` runs it until ``should_exit``.
+
+    httptools parses HTTP in C; access logs are off because the gateway logs one line per leg.
+    Unless ``handle_signals``, signals stay with the caller (``pdserve up`` has engines to stop).
+    """
+    config = uvicorn.Config(
+        app, host=host, port=port, http="httptools", loop="none", lifespan="on",
+        access_log=False, log_level="warning", timeout_keep_alive=30, backlog=4096,
+    )
+    server = uvicorn.Server(config)
+    if not handle_signals:
+        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+    return server

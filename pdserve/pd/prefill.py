@@ -1,0 +1,59 @@
+"""The prefill leg: compute the prompt's KV cache on a prefill engine and keep it for decode."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+
+from pdserve.errors import LegFailed
+from pdserve.pd import legs
+from pdserve.pd.kv import REMOTE_DECODE_REQUEST, KVTransferParams
+from pdserve.role import Role
+
+# Fields that make no sense for a one-token, non-streamed prefill (min_tokens > 1 would be
+# rejected by the engine against max_tokens=1).
+_DROPPED_FIELDS = ("stream_options", "min_tokens", "max_completion_tokens", "logprobs", "top_logprobs")
+
+
+def make_body(body: dict[str, Any], *, connector: str) -> dict[str, Any]:
+    """The client's request reshaped for the prefill leg. Pure.
+
+    One token, not streamed: the reply is then a single JSON object that carries the
+    ``kv_transfer_params`` the decode engine needs to pull the cache.
+    """
+    prefill_body = {key: value for key, value in body.items() if key not in _DROPPED_FIELDS}
+    prefill_body.update(
+        max_tokens=1,
+        stream=False,
+        kv_transfer_params=dict(REMOTE_DECODE_REQUEST[connector]),
+    )
+    return prefill_body
+
+
+async def run(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any],
+    *,
+    request_id: str,
+    timeout: aiohttp.ClientTimeout,
+) -> KVTransferParams:
+    """POST the prefill body to ``url``; return the engine's KV transfer parameters.
+
+    Raises UpstreamRejected (4xx, e.g. prompt too long) or LegFailed.
+    """
+    response = await legs.post(session, url, body, role=Role.PREFILL, request_id=request_id, timeout=timeout)
+    try:
+        reply = json.loads(await response.read())
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise LegFailed(Role.PREFILL, url, 200, f"unreadable reply: {exc}") from exc
+    finally:
+        response.release()
+    params = reply.get("kv_transfer_params") if isinstance(reply, dict) else None
+    if not params:
+        detail = "reply has no kv_transfer_params: is the engine started with a KV connector?"
+        raise LegFailed(Role.PREFILL, url, 200, detail)
+    prompt_tokens = int((reply.get("usage") or {}).get("prompt_tokens") or 0)
+    return KVTransferParams(fields=params, prompt_tokens=prompt_tokens)

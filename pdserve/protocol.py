@@ -1,0 +1,131 @@
+"""The OpenAI request fields the gateway accepts, OpenAI error bodies and SSE framing.
+
+Validation here is the gateway's own gate: a request that passes is forwarded to the engines
+as the client's original JSON (never re-serialised from these models). Pure; no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pdserve.errors import BadRequest
+
+SSE_DONE = b"data: [DONE]\n\n"
+SSE_EVENT_PREFIX = b"data: "
+REQUEST_ID_HEADER = "X-Request-Id"
+PD_MODE_HEADER = "X-PD-Mode"
+
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+PositiveInt = Annotated[int, Field(ge=1)]
+Stop = str | Annotated[list[str], Field(max_length=16)]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _Sampling(BaseModel):
+    """Fields shared by both endpoints: OpenAI's, plus the vLLM sampling extras users rely on."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    model: str
+    max_tokens: PositiveInt | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Probability | None = None
+    n: Literal[1] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: Stop | None = None
+    seed: int | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    top_k: int | None = None
+    min_p: Probability | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
+    min_tokens: Annotated[int, Field(ge=0)] | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = None
+    return_token_ids: bool | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatRequest(_Sampling):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: PositiveInt | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+
+
+class CompletionRequest(_Sampling):
+    # One prompt per request: a batch would return one KV handoff per prompt.
+    prompt: str | Annotated[list[int], Field(min_length=1)] | Annotated[list[str], Field(min_length=1, max_length=1)]
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    echo: bool | None = None
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """Decode a request body; raises BadRequest (400) unless it is one JSON object."""
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def validate_request(body: dict[str, Any], schema: type[_Sampling]) -> _Sampling:
+    """Check ``body`` against ``schema``; raises BadRequest naming the first bad field."""
+    if body.get("stream_options") is not None and not body.get("stream"):
+        raise BadRequest("stream_options is only allowed when stream is true", param="stream_options")
+    try:
+        return schema.model_validate(body)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        param = _field_path(error["loc"])
+        if error["type"] == "extra_forbidden":
+            message = f"Unrecognized or unsupported request argument: {param}"
+            raise BadRequest(message, param=param, code="unsupported_parameter") from exc
+        if error["type"] == "missing":
+            raise BadRequest(f"Missing required parameter: {param}", param=param) from exc
+        raise BadRequest(f"Invalid value for {param}: {error['msg']}", param=param) from exc
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    """``messages.0.role`` from pydantic's location, minus union-member tags like ``list[int]``."""
+    known = set(ChatRequest.model_fields) | set(CompletionRequest.model_fields) | set(ChatMessage.model_fields)
+    head, *rest = loc
+    return ".".join([str(head)] + [str(part) for part in rest if isinstance(part, int) or part in known])
+
+
+def error_body(message: str, *, type_: str, param: str | None = None, code: str | None = None) -> bytes:
+    """An OpenAI-style error object, serialised."""
+    error = {"message": message, "type": type_, "param": param, "code": code}
+    return json.dumps({"error": error}).encode()
+
+
+def sse_error_event(message: str, *, code: str) -> bytes:
+    """The one event a stream that already started sends when it fails, then it ends."""
+    return SSE_EVENT_PREFIX + error_body(message, type_="server_error", code=code) + b"\n\n" + SSE_DONE

@@ -1,0 +1,33 @@
+"""How the gateway picks one endpoint among the healthy ones of a role."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Protocol
+
+from pdserve.routing.pool import Endpoint
+
+
+class Policy(Protocol):
+    def choose(self, candidates: Sequence[Endpoint]) -> Endpoint: ...
+
+
+class RoundRobin:
+    def __init__(self) -> None:
+        self._counter = itertools.count()
+
+    def choose(self, candidates: Sequence[Endpoint]) -> Endpoint:
+        return candidates[next(self._counter) % len(candidates)]
+
+
+class LeastInFlight:
+    """Fewest requests in flight; ties rotate so equal engines share load evenly."""
+
+    def __init__(self) -> None:
+        self._counter = itertools.count()
+
+    def choose(self, candidates: Sequence[Endpoint]) -> Endpoint:
+        fewest = min(endpoint.in_flight for endpoint in candidates)
+        tied = [endpoint for endpoint in candidates if endpoint.in_flight == fewest]
+        return tied[next(self._counter) % len(tied)]

@@ -1,0 +1,124 @@
+"""``pdserve up``: the whole deployment on this machine (engines + gateway) until a signal.
+
+Order: model ready -> ports free -> engines ready -> gateway up -> warm-up request through
+both legs (NIXL handshake done before any user request) -> ready line -> supervise -> stop all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import aiohttp
+
+from pdserve.config import Settings
+from pdserve.demo.model import build_demo_model
+from pdserve.engines.supervisor import Supervisor
+from pdserve.errors import ConfigError, EngineStartFailed
+from pdserve.gateway.app import build_app
+from pdserve.gateway.server import make_server
+
+
+async def run_up(settings: Settings, *, progress: Callable[[str], None]) -> None:
+    """Serve until SIGINT/SIGTERM or an engine dies for good; always stops every engine."""
+    started_s = time.monotonic()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    _check_ports_free(settings)
+    model_path = await resolve_model(settings, progress=progress)
+    supervisor = Supervisor(settings, model_path=model_path, progress=progress)
+    server = make_server(build_app(settings), host=settings.gateway.host, port=settings.gateway.port)
+    tasks: list[asyncio.Task[None]] = []
+    async with aiohttp.ClientSession() as session:
+        try:
+            progress(f"starting {len(supervisor.engines)} engine(s); Ctrl-C stops everything")
+            if not await _until_stopped(stop, supervisor.start_all(session)):
+                return
+            tasks.append(asyncio.create_task(server.serve()))
+            while not server.started and not tasks[0].done():
+                await asyncio.sleep(0.05)
+            base_url = f"http://{settings.gateway.host}:{settings.gateway.port}"
+            if not await _until_stopped(stop, _warm_up(session, base_url, settings.model.served_name, progress)):
+                return
+            progress(_ready_line(base_url, settings.model.served_name, time.monotonic() - started_s))
+            tasks.append(asyncio.create_task(supervisor.keep_alive(session)))
+            await _until_stopped(stop, _first_done(tasks))
+        finally:
+            progress("stopping gateway and engines ...")
+            server.should_exit = True
+            await supervisor.stop_all()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            progress("stopped")
+
+
+async def resolve_model(settings: Settings, *, progress: Callable[[str], None]) -> str:
+    """The model folder engines load: the configured one, or the demo model (built on first use)."""
+    if settings.model.path is not None:
+        return settings.model.path
+    target = settings.demo_model_dir
+    return str(await asyncio.to_thread(build_demo_model, target, progress=progress))
+
+
+def _check_ports_free(settings: Settings) -> None:
+    """Fail before starting anything if a port we need is taken (a stale engine, say)."""
+    ports = [settings.gateway.port]
+    for spec in settings.engine_specs():
+        ports += [spec.port, spec.side_channel_port]
+    busy = []
+    for port in ports:
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is fine
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                busy.append(port)
+    if busy:
+        raise ConfigError(f"ports already in use: {busy}; stop what holds them or change the ports")
+
+
+async def _warm_up(session: aiohttp.ClientSession, base_url: str, model: str, progress: Callable[[str], None]) -> None:
+    """One request through both legs, so the KV connector handshake is done before users come."""
+    started_s = time.monotonic()
+    body = {"model": model, "prompt": "warm up", "max_tokens": 2}
+    async with session.post(f"{base_url}/v1/completions", json=body) as reply:
+        if reply.status != 200:
+            raise EngineStartFailed(f"warm-up request failed ({reply.status}): {await reply.text()}")
+    progress(f"  warm-up    done     {time.monotonic() - started_s:5.1f}s  (prefill -> KV handoff -> decode)")
+
+
+async def _first_done(tasks: list[asyncio.Task[None]]) -> None:
+    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for task in done:
+        task.result()
+
+
+async def _until_stopped(stop: asyncio.Event, work: Coroutine[Any, Any, None]) -> bool:
+    """Await ``work``; False if ``stop`` was set first (``work`` is then cancelled)."""
+    task = asyncio.ensure_future(work)
+    stopper = asyncio.ensure_future(stop.wait())
+    await asyncio.wait((task, stopper), return_when=asyncio.FIRST_COMPLETED)
+    stopper.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return False
+    task.result()
+    return True
+
+
+def _ready_line(base_url: str, model: str, elapsed_s: float) -> str:
+    return (
+        f"ready in {elapsed_s:.0f}s: OpenAI API at {base_url}/v1  (metrics {base_url}/metrics)\n"
+        f"  curl {base_url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+        f"    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'"
+    )

@@ -1,0 +1,71 @@
+"""The synthetic upstream: its pace (TTFT, token rate) and both PD legs in vLLM's wire format."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from pdserve.bench import runner
+from pdserve.bench.upstream import Pace, Upstream, reply_text, serving_upstream
+from pdserve.bench.workload import CHAT, COMPLETIONS, BenchRequest
+
+PACE = Pace(ttft_s=0.05, tokens_per_s=200.0, handoff_s=0.0)
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[Upstream]:
+    async with serving_upstream(PACE) as served:
+        yield served
+
+
+def streamed(path: str, **fields: object) -> BenchRequest:
+    body = {"model": "m", "max_tokens": 21, "stream": True, "stream_options": {"include_usage": True}, **fields}
+    return BenchRequest(path, body)
+
+
+async def test_stream_keeps_the_set_ttft_and_token_rate(upstream: Upstream) -> None:
+    url = upstream.url
+    async with runner.new_session() as session:
+        record = await runner.send(session, "up", url, streamed(COMPLETIONS, prompt="a b c"), timeout_s=10)
+    assert record.error is None and record.output_tokens == 21 and len(record.token_times_s) == 21
+    assert record.ttft_s is not None and PACE.ttft_s <= record.ttft_s < PACE.ttft_s + 0.04
+    measured_rate = 20 / (record.token_times_s[-1] - record.token_times_s[0])
+    assert measured_rate == pytest.approx(PACE.tokens_per_s, rel=0.2)
+
+
+async def test_chat_stream_announces_the_role_then_carries_every_token(upstream: Upstream) -> None:
+    url = upstream.url
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": True}
+    async with aiohttp.ClientSession() as session, session.post(url + CHAT, json=body) as reply:
+        events = (await reply.read()).decode().split("\n\n")
+    chunks = [json.loads(event.removeprefix("data: ")) for event in events[:-2]]
+    assert events[-2:] == ["data: [DONE]", ""]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(chunk["choices"][0]["delta"]["content"] for chunk in chunks[1:]) == reply_text(5)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+async def test_prefill_leg_answers_json_with_kv_transfer_params(upstream: Upstream) -> None:
+    url, counts = upstream.url, upstream.counts
+    body = {"model": "m", "prompt": "one two three", "max_tokens": 1, "stream": False,
+            "kv_transfer_params": {"do_remote_decode": True}}
+    started_s = time.perf_counter()
+    async with aiohttp.ClientSession() as session, session.post(url + COMPLETIONS, json=body) as reply:
+        payload = await reply.json()
+    assert time.perf_counter() - started_s >= PACE.ttft_s
+    assert payload["kv_transfer_params"]["do_remote_prefill"] is True
+    assert payload["usage"] == {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+    assert counts.prefill == 1
+
+
+async def test_decode_leg_skips_the_prefill_time(upstream: Upstream) -> None:
+    url, counts = upstream.url, upstream.counts
+    request = streamed(COMPLETIONS, prompt="x", kv_transfer_params={"do_remote_prefill": True})
+    async with runner.new_session() as session:
+        record = await runner.send(session, "up", url, request, timeout_s=10)
+    assert record.error is None and record.ttft_s is not None and record.ttft_s < PACE.ttft_s
+    assert counts.decode == 1 and counts.whole == 0

