@@ -96,12 +96,12 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def validate_request(body: dict[str, Any], schema: type[_Sampling]) -> _Sampling:
+def validate_request(body: dict[str, Any], schema: type[ChatRequest | CompletionRequest]) -> None:
     """Check ``body`` against ``schema``; raises BadRequest naming the first bad field."""
     if body.get("stream_options") is not None and not body.get("stream"):
         raise BadRequest("stream_options is only allowed when stream is true", param="stream_options")
     try:
-        return schema.model_validate(body)
+        schema.model_validate(body)
     except ValidationError as exc:
         error = exc.errors()[0]
         param = _field_path(error["loc"])

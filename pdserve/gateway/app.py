@@ -27,8 +27,13 @@ from pdserve.gateway.disconnect import ClientDisconnected, DisconnectGuard
 from pdserve.gateway.metrics import GatewayMetrics
 from pdserve.gateway.orchestrator import Call, Mode, Orchestrator, Reply
 from pdserve.protocol import (
-    PD_MODE_HEADER, REQUEST_ID_HEADER, ChatRequest, CompletionRequest, error_body,
-    parse_json_object, validate_request,
+    PD_MODE_HEADER,
+    REQUEST_ID_HEADER,
+    ChatRequest,
+    CompletionRequest,
+    error_body,
+    parse_json_object,
+    validate_request,
 )
 from pdserve.role import Role
 from pdserve.routing import health
@@ -37,7 +42,9 @@ from pdserve.routing.pool import Pool
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
-SCHEMAS = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatRequest}
+SCHEMAS: dict[str, type[ChatRequest | CompletionRequest]] = {
+    "/v1/completions": CompletionRequest, "/v1/chat/completions": ChatRequest,
+}
 
 
 class RelayResponse(StreamingResponse):

@@ -20,5 +20,5 @@ def make_server(app: Starlette, *, host: str, port: int, handle_signals: bool = 
     )
     server = uvicorn.Server(config)
     if not handle_signals:
-        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
     return server

@@ -69,7 +69,7 @@ async def test_load_generator_sees_every_token_through_the_gateway(
 
 def _sample(metrics: str, name: str, *labels: str) -> float:
     """The value of the one sample of ``name`` whose labels include all of ``labels``."""
-    values = [float(match.group(2)) for match in re.finditer(rf"^{name}\{{(.*)\}} (\S+)$", metrics, re.M)
+    values = [float(match.group(2)) for match in re.finditer(rf"^{name}\{{(.*)\}} (\S+)$", metrics, re.MULTILINE)
               if all(label in match.group(1) for label in labels)]
     assert len(values) == 1, f"{name} {labels}: {values}"
     return values[0]

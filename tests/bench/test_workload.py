@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from pdserve.bench.prompts import WordPrompts
-from pdserve.bench.workload import CHAT, BenchRequest, Lengths, poisson_arrivals, replay_trace, shared_prefix_chat, synthetic
+from pdserve.bench.workload import (
+    CHAT,
+    BenchRequest,
+    Lengths,
+    poisson_arrivals,
+    replay_trace,
+    shared_prefix_chat,
+    synthetic,
+)
 from pdserve.errors import ConfigError
 
 

@@ -9,6 +9,7 @@ import json
 import re
 import signal
 import socket
+from typing import Any
 
 import httpx
 import openai
@@ -65,21 +66,30 @@ def test_openai_client_chat_and_completion_plain_and_streamed(stack: Stack) -> N
 
 def test_pd_output_is_token_identical_to_local_and_kv_arrives_over_nixl(stack: Stack) -> None:
     decode_url = stack.engine_urls["decode"]
+    # Distinct first words: no prompt can reuse another's cached blocks on the decode engine.
+    prompts = [f"{index}. {prompt}" for index, prompt in enumerate(PROMPTS)]
     transferred_before = engine_metric(decode_url, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
     nixl_bytes_before = engine_metric(decode_url, "vllm:nixl_bytes_transferred_sum")
-    prompt_tokens = 0
-    for prompt in PROMPTS:
-        body = {"model": DEMO_MODEL_NAME, "prompt": prompt, "max_tokens": 24, "temperature": 0, "return_token_ids": True}
-        pd = httpx.post(stack.base_url + "/v1/completions", json=body, timeout=120).json()
-        local = httpx.post(stack.base_url + "/v1/completions", json=body, headers={"X-PD-Mode": "local"}, timeout=120).json()
+    pd_replies = [complete_greedy(stack, prompt) for prompt in prompts]
+    transferred = engine_metric(decode_url, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
+    prompt_tokens = sum(reply["usage"]["prompt_tokens"] for reply in pd_replies)
+    assert max(reply["usage"]["prompt_tokens"] for reply in pd_replies) > 3 * 32, "spans several KV blocks"
+    # The decode engine got every prompt's KV cache from the prefill engine, not by recomputing it.
+    assert transferred - transferred_before >= prompt_tokens - len(prompts)
+    assert engine_metric(decode_url, "vllm:nixl_bytes_transferred_sum") > nixl_bytes_before
+    for prompt, pd in zip(prompts, pd_replies, strict=True):
+        local = complete_greedy(stack, prompt, headers={"X-PD-Mode": "local"})
         assert pd["choices"][0]["token_ids"] == local["choices"][0]["token_ids"], prompt
         assert len(pd["choices"][0]["token_ids"]) == 24
-        prompt_tokens += pd["usage"]["prompt_tokens"]
-    assert pd["usage"]["prompt_tokens"] > 3 * 32, "the longest prompt must span several KV blocks"
-    # The decode engine got every PD prompt's KV cache from the prefill engine, not by recomputing it.
-    transferred = engine_metric(decode_url, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
-    assert transferred - transferred_before >= prompt_tokens - len(PROMPTS)
-    assert engine_metric(decode_url, "vllm:nixl_bytes_transferred_sum") > nixl_bytes_before
+
+
+def complete_greedy(stack: Stack, prompt: str, *, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    body = {"model": DEMO_MODEL_NAME, "prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}
+    reply = httpx.post(stack.base_url + "/v1/completions", json=body, headers=headers, timeout=120)
+    assert reply.status_code == 200, reply.text
+    result: dict[str, Any] = reply.json()
+    return result
 
 
 def test_gateway_metrics_show_both_phases(stack: Stack) -> None:
@@ -119,7 +129,7 @@ def test_stopping_up_leaves_no_engine_process_behind(stack: Stack) -> None:
     assert len(family) > len(engine_processes), "vLLM engines run child processes (EngineCore)"
     stack.process.send_signal(signal.SIGINT)
     assert stack.process.wait(timeout=120) == 0
-    gone, alive = psutil.wait_procs(family, timeout=30)
+    _gone, alive = psutil.wait_procs(family, timeout=30)
     assert not alive, f"left behind: {alive}"
     for port in stack.ports:
         with socket.socket() as probe:

@@ -45,9 +45,8 @@ async def gateway(engine: tuple[FakeEngine, str]) -> AsyncIterator[str]:
 
 async def post(base: str, body: Any, *, headers: dict[str, str] | None = None, path: str = "/v1/completions") -> tuple[int, bytes]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    async with aiohttp.ClientSession() as session:
-        async with session.post(base + path, data=data, headers=headers) as reply:
-            return reply.status, await reply.read()
+    async with aiohttp.ClientSession() as session, session.post(base + path, data=data, headers=headers) as reply:
+        return reply.status, await reply.read()
 
 
 async def test_pd_request_runs_prefill_then_decode_with_kv_params(gateway: str, engine: tuple[FakeEngine, str]) -> None:
@@ -129,7 +128,7 @@ async def test_engine_4xx_is_relayed_with_its_status(gateway: str, engine: tuple
 
 
 async def test_prefill_5xx_fails_over_to_the_other_engine(engine: tuple[FakeEngine, str]) -> None:
-    fake, url = engine
+    _fake, url = engine
     broken = FakeEngine(reject_status=500)
     async with serving(broken.app(), free_port()) as broken_url:
         settings = gateway_settings(prefill=[broken_url, url], decode=[url])

