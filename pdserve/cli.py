@@ -9,6 +9,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Annotated, Any
 
+import aiohttp
 import typer
 import uvloop
 
@@ -94,6 +95,32 @@ def serve(
     server = make_server(build_app(settings), host=settings.gateway.host, port=settings.gateway.port, handle_signals=True)
     _progress(f"gateway on http://{settings.gateway.host}:{settings.gateway.port}/v1")
     _run(server.serve())
+
+
+@app.command()
+def verify(
+    config: ConfigOption = None,
+    gateway_url: Annotated[str | None, typer.Option(help="Gateway to check PD == local output through.")] = None,
+    min_fraction: Annotated[float, typer.Option(help="Fail below this share of the link's bandwidth.")] = 0.10,
+    expected_gbps: Annotated[float | None, typer.Option(help="The link's bandwidth, GB/s (default: by link).")] = None,
+    prompt_tokens: Annotated[int | None, typer.Option(help="Probe prompt length (default: near max_model_len).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Check the KV transfer path of a running deployment; exit 1 and say what to change if slow."""
+    from pdserve.verify.run import format_reports, is_healthy, reports_json
+    from pdserve.verify.run import verify as run_verify
+
+    settings = _settings(config)
+    url = gateway_url or f"http://{settings.gateway.host}:{settings.gateway.port}"
+    try:
+        reports = asyncio.run(run_verify(settings, gateway_url=url, min_fraction=min_fraction,
+                                         expected_gbps=expected_gbps, prompt_tokens=prompt_tokens))
+    except (PdserveError, aiohttp.ClientError, TimeoutError) as exc:
+        print(f"error: cannot probe the deployment: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from exc
+    print(reports_json(reports) if as_json else format_reports(reports), flush=True)
+    if not is_healthy(reports):
+        raise typer.Exit(1)
 
 
 @app.command("demo-model")

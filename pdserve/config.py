@@ -19,6 +19,7 @@ from pdserve.role import Role
 
 ENV_PREFIX = "PDSERVE_"
 DEMO_MODEL_NAME = "pdserve-demo"
+DECODE_BASE_PORT = 8200
 
 
 class _Frozen(BaseModel):
@@ -41,7 +42,7 @@ class PoolSpec(_Frozen):
     device: Literal["cpu", "cuda"] = "cpu"
     gpu_ids: list[int] = Field(default_factory=list, description="GPUs, tp_size per engine")
     tensor_parallel_size: int = Field(1, ge=1)
-    base_port: int = Field(..., ge=1, le=65535, description="engine i listens on base_port+i")
+    base_port: int = Field(8100, ge=1, le=65535, description="engine i listens on base_port+i")
     cpu_threads_bind: list[str] = Field(
         default_factory=list,
         description="VLLM_CPU_OMP_THREADS_BIND per engine, e.g. ['0-3']; empty = split cores",
@@ -85,6 +86,8 @@ class GatewaySpec(_Frozen):
     health_timeout_s: float = Field(5.0, gt=0, description="a busy engine answers /health slowly")
     unhealthy_after_failures: int = Field(3, ge=1, description="failed probes in a row to eject")
     slow_handoff_warn_s: float = Field(1.0, gt=0, description="warn when a KV handoff is slower")
+    slow_kv_gbps: float = Field(0.5, gt=0, description="warn when engines move KV slower than this")
+    kv_scrape_interval_s: float = Field(5.0, gt=0, description="how often engines' KV counters are read")
 
 
 class LaunchSpec(_Frozen):
@@ -122,8 +125,8 @@ class EngineSpec(_Frozen):
 
 class Settings(_Frozen):
     model: ModelSpec = ModelSpec()
-    prefill: PoolSpec = PoolSpec(base_port=8100)
-    decode: PoolSpec = PoolSpec(base_port=8200)
+    prefill: PoolSpec = PoolSpec()
+    decode: PoolSpec = PoolSpec(base_port=DECODE_BASE_PORT)
     kv: KVTransferSpec = KVTransferSpec()
     gateway: GatewaySpec = GatewaySpec()
     launch: LaunchSpec = LaunchSpec()
@@ -156,6 +159,14 @@ class Settings(_Frozen):
         """Where the gateway sends legs of ``role``: launched engines plus external urls."""
         launched = [spec.base_url for spec in self.engine_specs() if spec.role is role]
         return launched + list(self.pool(role).urls)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _decode_ports_default_apart(cls, tree: Any) -> Any:
+        """``decode: {engines: 2}`` must not inherit the prefill pool's ports."""
+        if isinstance(tree, dict) and isinstance(tree.get("decode"), dict) and "base_port" not in tree["decode"]:
+            tree = {**tree, "decode": {**tree["decode"], "base_port": DECODE_BASE_PORT}}
+        return tree
 
     @model_validator(mode="after")
     def _check_ports_unique(self) -> Settings:

@@ -115,8 +115,6 @@ async def _upstream_and_gateway(
     upstream_port, gateway_port = free_port(), free_port()
     upstream_url, gateway_url = f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{gateway_port}"
     pdserve = [sys.executable, "-m", "pdserve"]
-    import os
-    gateway_prefix = os.environ.get("GW_PREFIX", "").split() or pdserve
     upstream_argv = [*pdserve, "bench", "upstream", "--port", str(upstream_port),
                      "--ttft-ms", str(plan.ttft_s * 1000), "--tokens-per-s", str(plan.tokens_per_s)]
     # A whole config file, not --prefill-url/--decode-url: the pools then need no other defaults.
@@ -127,7 +125,7 @@ async def _upstream_and_gateway(
         "decode": {"engines": 0, "base_port": upstream_port, "urls": [upstream_url]},
         "gateway": {"port": gateway_port},
     }))
-    gateway_argv = [*gateway_prefix, "serve", "--config", str(gateway_config)] if gateway_prefix is pdserve else [*gateway_prefix, str(gateway_config)]
+    gateway_argv = [*pdserve, "serve", "--config", str(gateway_config)]
     async with (
         child_service(upstream_argv, ready_url=f"{upstream_url}/health", log_path=log_dir / "upstream.log"),
         child_service(gateway_argv, ready_url=f"{gateway_url}/health", log_path=log_dir / "gateway.log"),

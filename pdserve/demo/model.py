@@ -48,13 +48,16 @@ def build_demo_model(
     Otherwise builds offline from the interpreter's stdlib text in about a minute on 2 CPU cores
     (training dominates: `train_steps` AdamW steps), and replaces whatever `target_dir` held.
     `progress` receives one human-readable line per stage and every few training steps.
-    Raises OSError when the parent folder cannot be written.
+    Raises FileExistsError when `target_dir` holds files but no demo-model marker (it is never
+    deleted then), and OSError when the parent folder cannot be written.
     """
     plan = train.TrainPlan(steps=train_steps)
     recipe = _recipe(plan)
     if _is_complete(target_dir, recipe=recipe):
         progress(f"demo model: {target_dir} is up to date")
         return target_dir
+    if target_dir.exists() and any(target_dir.iterdir()) and not (target_dir / MARKER_FILE).exists():
+        raise FileExistsError(f"{target_dir} holds files that are not a pdserve demo model; refusing to replace it")
     target_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target_dir.name}-", dir=target_dir.parent))
     try:
@@ -136,7 +139,7 @@ def _file_hashes(model_dir: Path, *, names: Iterable[str]) -> dict[str, str]:
 
 
 def _move_into_place(staging: Path, target_dir: Path) -> None:
-    """Rename `staging` to `target_dir`; an old `target_dir` is moved aside first, then deleted."""
+    """Rename `staging` to `target_dir`; an old (empty or stale demo) `target_dir` is moved aside, then deleted."""
     if not target_dir.exists():
         staging.rename(target_dir)
         return

@@ -43,6 +43,8 @@ def build_engine_command(
         "PYTHONUNBUFFERED": "1",
         "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(spec.side_channel_port),
+        # UCX logs which transport it chose for each protocol: `pdserve verify` reads it back.
+        "UCX_PROTO_INFO": "y",
     }
     if pool.device == "cuda":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(gpu) for gpu in spec.gpu_ids)

@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 from pdserve.config import Settings
 from pdserve.errors import BadRequest, LegFailed, NoHealthyEndpoint, PdserveError, UpstreamRejected
+from pdserve.gateway import kv_monitor
 from pdserve.gateway.disconnect import ClientDisconnected, DisconnectGuard
 from pdserve.gateway.metrics import GatewayMetrics
 from pdserve.gateway.orchestrator import Call, Mode, Orchestrator, Reply
@@ -93,13 +94,16 @@ class Gateway:
                 session=session, pool=self.pool, policy=LeastInFlight(), spec=spec,
                 connector=self.settings.kv.connector, metrics=self.metrics,
             )
-            watcher = asyncio.create_task(health.watch(session, self.pool, spec=spec))
+            watchers = [
+                asyncio.create_task(health.watch(session, self.pool, spec=spec)),
+                asyncio.create_task(kv_monitor.watch(session, self.pool, self.metrics.engine_kv, spec=spec)),
+            ]
             try:
                 yield
             finally:
-                watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watcher
+                for watcher in watchers:
+                    watcher.cancel()
+                await asyncio.gather(*watchers, return_exceptions=True)
 
     async def complete(self, request: Request) -> Response:
         """POST /v1/completions and /v1/chat/completions."""

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.metrics import Histogram as HistogramChild
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
+from pdserve.pd.transfer_stats import TransferCounters
 from pdserve.role import Role
 
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -18,9 +21,9 @@ MODES = ("pd", "local")
 class ModeMetrics:
     """Histograms already bound to one mode's label, so the per-token path does no lookups."""
 
-    ttft: HistogramChild
-    itl: HistogramChild
-    e2e: HistogramChild
+    ttft: Histogram
+    itl: Histogram
+    e2e: Histogram
 
 
 class GatewayMetrics:
@@ -59,5 +62,28 @@ class GatewayMetrics:
             ["role"], registry=self.registry,
         )
 
+        self.engine_kv = EngineKVCollector()
+        self.registry.register(self.engine_kv)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class EngineKVCollector(Collector):
+    """The decode engines' own KV-transfer counters, as last scraped, under pdserve's names."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, TransferCounters] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        fields = {
+            "bytes": ("pdserve_engine_kv_transfer_bytes", "KV cache bytes the decode engine pulled."),
+            "seconds": ("pdserve_engine_kv_transfer_seconds", "Time the decode engine spent in KV transfers."),
+            "transfers": ("pdserve_engine_kv_transfers", "KV transfers the decode engine completed."),
+            "failed": ("pdserve_engine_kv_transfer_failures", "KV transfers the decode engine saw fail."),
+        }
+        for field, (name, documentation) in fields.items():
+            family = CounterMetricFamily(name, documentation, labels=["endpoint"])
+            for url, counters in self.latest.items():
+                family.add_metric([url], getattr(counters, field))
+            yield family

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+import uvloop
 
 from pdserve.bench import runner
+from pdserve.bench.records import RequestRecord
 from pdserve.bench.upstream import Pace, Upstream, reply_text, serving_upstream
 from pdserve.bench.workload import CHAT, COMPLETIONS, BenchRequest
 
@@ -69,3 +72,13 @@ async def test_decode_leg_skips_the_prefill_time(upstream: Upstream) -> None:
         record = await runner.send(session, "up", url, request, timeout_s=10)
     assert record.error is None and record.ttft_s is not None and record.ttft_s < PACE.ttft_s
     assert counts.decode == 1 and counts.whole == 0
+
+
+def test_upstream_serves_under_uvloop_as_the_cli_runs_it() -> None:
+    async def one_stream() -> RequestRecord:
+        async with serving_upstream(PACE) as served, runner.new_session() as session:
+            return await runner.send(session, "up", served.url, streamed(COMPLETIONS, prompt="x"), timeout_s=10)
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as loop:
+        record = loop.run(one_stream())
+    assert record.error is None and record.output_tokens == 21

@@ -105,6 +105,13 @@ def test_rebuild_of_a_damaged_dir_gives_identical_bytes(barely_trained_model: Pa
     assert [path.name for path in tmp_path.iterdir()] == ["model"]  # no staging folder left behind
 
 
+def test_build_refuses_to_replace_a_foreign_folder(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError):
+        build_demo_model(tmp_path, progress=_quiet, train_steps=0)
+    assert [path.name for path in tmp_path.iterdir()] == ["notes.txt"]
+
+
 def test_trained_model_writes_wordlike_text(built_model: tuple[Path, list[str]], corpus_words: frozenset[str]) -> None:
     text = _greedy_outputs(built_model[0])
     assert _is_wordlike(text, corpus_words), text

@@ -28,6 +28,7 @@ class Stack:
     engine_urls: dict[str, str]
     ports: list[int]
     output: list[str]
+    config_path: Path
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "prefill": {"base_port": ports["prefill"], "extra_args": ["--block-size", "32"]},
         "decode": {"base_port": ports["decode"], "extra_args": ["--block-size", "32"]},
         "kv": {"side_channel_base_port": ports["side_a"]},
-        "gateway": {"port": ports["gateway"]},
+        "gateway": {"port": ports["gateway"], "kv_scrape_interval_s": 1.0},
         "launch": {"log_dir": str(workdir / "logs"), "ready_timeout_s": READY_TIMEOUT_S},
     }
     (workdir / "pdserve.yaml").write_text(yaml.safe_dump(config))
@@ -53,7 +54,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         base_url=f"http://127.0.0.1:{ports['gateway']}", process=process, engine_pids=pids,
         engine_urls={"prefill": f"http://127.0.0.1:{ports['prefill']}", "decode": f"http://127.0.0.1:{ports['decode']}"},
         ports=[ports["gateway"], ports["prefill"], ports["decode"], ports["side_a"], ports["side_a"] + 1],
-        output=output,
+        output=output, config_path=workdir / "pdserve.yaml",
     )
     yield stack
     if process.poll() is None:

@@ -9,6 +9,9 @@ import json
 import re
 import signal
 import socket
+import subprocess
+import sys
+import time
 from typing import Any
 
 import httpx
@@ -121,6 +124,33 @@ def test_bad_input_gets_openai_error_and_serving_continues(stack: Stack, body: o
     assert error["message"] and "type" in error and "code" in error and "param" in error
     ok = httpx.post(stack.base_url + "/v1/completions", json={"model": DEMO_MODEL_NAME, "prompt": "ok", "max_tokens": 2}, timeout=60)
     assert ok.status_code == 200
+
+
+def run_verify(stack: Stack, *flags: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "pdserve", "verify", "--config", str(stack.config_path), *flags]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=stack.config_path.parent)
+
+
+def test_verify_reports_backend_transports_and_bandwidth_of_the_demo(stack: Stack) -> None:
+    result = run_verify(stack, "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    (pair,) = json.loads(result.stdout)
+    assert pair["ok"] and pair["backends"] == ["UCX"] and pair["transports"], pair
+    assert pair["kv_bytes"] > 1e6 and pair["verdict"]["measured_gbps"] > 0 and pair["is_pd_equal_local"]
+
+
+def test_verify_flags_a_path_slower_than_its_link_and_exits_nonzero(stack: Stack) -> None:
+    result = run_verify(stack, "--expected-gbps", "100000")  # a link no host-memory path can reach
+    assert result.returncode == 1
+    assert "FAIL" in result.stdout and "under 10% of the host-memory link" in result.stdout
+
+
+def test_gateway_exports_the_engines_kv_transfer_counters(stack: Stack) -> None:
+    complete_greedy(stack, SENTENCE * 2)
+    time.sleep(2.5)  # kv_scrape_interval_s is 1 s in this stack
+    metrics = httpx.get(stack.base_url + "/metrics").text
+    (line,) = [line for line in metrics.splitlines() if line.startswith("pdserve_engine_kv_transfer_bytes_total{")]
+    assert float(line.rsplit(" ", 1)[1]) > 0
 
 
 def test_stopping_up_leaves_no_engine_process_behind(stack: Stack) -> None:

@@ -1,0 +1,90 @@
+"""Judge what the probes measured: link expectations, pass/fail, and what to change. Pure."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+from pdserve.config import PoolSpec
+from pdserve.verify.probe import HandoffProbe
+
+
+class Link(StrEnum):
+    HOST_MEMORY = "host-memory"  # CPU engines on one host
+    SAME_GPU = "same-gpu"
+    GPU_TO_GPU = "gpu-to-gpu"  # two GPUs of one host: NVLink, else PCIe
+    NETWORK = "network"  # engines on other hosts: EFA/RDMA, else TCP
+
+
+# What each link can move, GB/s. Host memory is measured on the spot instead.
+NOMINAL_GBPS = {
+    Link.SAME_GPU: 1800.0,  # H200 device-to-device copy, measured (shared/gpu/README.md)
+    Link.GPU_TO_GPU: 450.0,  # NVLink 4, one direction
+    Link.NETWORK: 12.5,  # 100 Gb/s
+}
+
+ADVICE = {
+    Link.HOST_MEMORY: "CPU engines: keep kv.buffer_device=cpu; check UCX picked shm/cma, not tcp (UCX_TLS)",
+    Link.SAME_GPU: "GPU engines: UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y (set by pdserve) and a UCX with cuda_ipc; "
+                   "see docs/transport.md",
+    Link.GPU_TO_GPU: "check UCX lists cuda_ipc and that the GPUs see each other (nvidia-smi topo -m)",
+    Link.NETWORK: "use NIXL's LIBFABRIC backend on EFA (kv.backends), or UCX with rc/ib; TCP is the slow path",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    link: Link
+    expected_gbps: float
+    measured_gbps: float  # bytes / the engine's own NIXL transfer time
+    handoff_gbps: float  # bytes / the whole decode leg (pull + one decode step)
+    problems: tuple[str, ...]
+
+    @property
+    def is_ok(self) -> bool:
+        return not self.problems
+
+
+def classify_link(prefill: PoolSpec, decode: PoolSpec) -> Link:
+    """Which link a pair's KV cache crosses, from where the pools' engines run."""
+    if prefill.urls or decode.urls:
+        return Link.NETWORK
+    if prefill.device == "cpu" and decode.device == "cpu":
+        return Link.HOST_MEMORY
+    if prefill.device == "cuda" and decode.device == "cuda" and set(prefill.gpu_ids) == set(decode.gpu_ids):
+        return Link.SAME_GPU
+    return Link.GPU_TO_GPU
+
+
+def judge(probe: HandoffProbe, *, link: Link, expected_gbps: float, min_fraction: float) -> Verdict:
+    """Fail when no KV arrived over the connector, a transfer failed, or it ran too slowly."""
+    engine = probe.engine
+    problems = []
+    if engine.transfers < 1 or engine.bytes <= 0:
+        problems.append("the decode engine counted no KV transfer: it recomputed the prompt (is the KV "
+                        "connector configured on both engines?)")
+    elif engine.external_tokens < probe.prompt_tokens - 1 - 32:  # the last partial block may be recomputed
+        problems.append(f"only {engine.external_tokens:.0f} of {probe.prompt_tokens} prompt tokens arrived over "
+                        "the KV connector")
+    if engine.failed:
+        problems.append(f"{engine.failed:.0f} KV transfer(s) failed")
+    measured_gbps = engine.gbps
+    if engine.bytes > 0 and measured_gbps < min_fraction * expected_gbps:
+        problems.append(f"KV moved at {measured_gbps:.3g} GB/s, under {min_fraction:.0%} of the {link.value} "
+                        f"link's {expected_gbps:.3g} GB/s. {ADVICE[link]}")
+    handoff_gbps = engine.bytes / probe.decode_s / 1e9 if probe.decode_s > 0 else 0.0
+    return Verdict(link=link, expected_gbps=expected_gbps, measured_gbps=measured_gbps,
+                   handoff_gbps=handoff_gbps, problems=tuple(problems))
+
+
+_BACKEND = re.compile(r"Backend (\w+) was instantiated")
+# UCX_PROTO_INFO=y prints one table row per protocol choice; the last column names the transports.
+_UCX_READ = re.compile(r"remote memory read by ucp_get.*\|\s*([^|]+?)\s*$")
+
+
+def transports_from_log(log_text: str) -> tuple[list[str], list[str]]:
+    """(NIXL backends instantiated, UCX transports chosen for KV reads) as an engine logged them."""
+    backends = sorted(set(_BACKEND.findall(log_text)))
+    reads = sorted({match.group(1) for line in log_text.splitlines() if (match := _UCX_READ.search(line))})
+    return backends, reads

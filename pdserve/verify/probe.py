@@ -1,0 +1,75 @@
+"""Send probe requests through one prefill/decode pair and read what the engines measured.
+
+I/O only; judging the numbers is checks.py's job. Prompts are token ids, so no tokenizer is
+needed and the KV size is known exactly: prompt tokens x the model's KV bytes per token.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from pdserve.pd import decode, prefill
+from pdserve.pd.transfer_stats import TransferCounters, fetch_counters
+
+_COMPLETIONS = "/v1/completions"
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffProbe:
+    prompt_tokens: int
+    prefill_s: float  # prefill leg: request to KV ready
+    decode_s: float  # decode leg with max_tokens=1: KV pull + one decode step
+    engine: TransferCounters  # what the decode engine counted during the probe
+
+
+def probe_token_ids(count: int, *, seed: int) -> list[int]:
+    """A deterministic prompt of ``count`` token ids, valid for any vocabulary over 1,000."""
+    return [10 + (seed * 131 + index * 7919) % 990 for index in range(count)]
+
+
+async def probe_handoff(
+    session: aiohttp.ClientSession, *, prefill_url: str, decode_url: str, model: str, connector: str,
+    prompt_tokens: int, seed: int, timeout_s: float,
+) -> HandoffProbe:
+    """One PD request of ``prompt_tokens`` tokens and one output token, timed leg by leg.
+
+    Use a new ``seed`` per probe: a prompt the decode engine has cached would not be transferred.
+    """
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    body: dict[str, Any] = {"model": model, "prompt": probe_token_ids(prompt_tokens, seed=seed),
+                            "max_tokens": 1, "temperature": 0, "ignore_eos": True}
+    request_id = f"pdserve-verify-{uuid.uuid4().hex}"
+    before = await fetch_counters(session, decode_url, timeout_s=timeout_s)
+    started_s = time.perf_counter()
+    kv = await prefill.run(session, prefill_url + _COMPLETIONS, prefill.make_body(body, connector=connector),
+                           request_id=request_id, timeout=timeout)
+    prefill_done_s = time.perf_counter()
+    response = await decode.open_stream(session, decode_url + _COMPLETIONS, decode.make_body(body, kv),
+                                        request_id=request_id, timeout=timeout)
+    try:
+        await response.read()
+    finally:
+        response.release()
+    decode_done_s = time.perf_counter()
+    after = await fetch_counters(session, decode_url, timeout_s=timeout_s)
+    return HandoffProbe(prompt_tokens=prompt_tokens, prefill_s=prefill_done_s - started_s,
+                        decode_s=decode_done_s - prefill_done_s, engine=after.since(before))
+
+
+async def greedy_token_ids(
+    session: aiohttp.ClientSession, gateway_url: str, *, model: str, mode: str, prompt_tokens: int,
+    max_tokens: int, timeout_s: float,
+) -> list[int]:
+    """The token ids the gateway returns for a greedy request in ``mode`` (``pd`` or ``local``)."""
+    body = {"model": model, "prompt": probe_token_ids(prompt_tokens, seed=1), "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    async with session.post(gateway_url + _COMPLETIONS, json=body, headers={"X-PD-Mode": mode},
+                            timeout=aiohttp.ClientTimeout(total=timeout_s)) as reply:
+        reply.raise_for_status()
+        token_ids: list[int] = (await reply.json())["choices"][0]["token_ids"]
+        return token_ids

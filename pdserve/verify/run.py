@@ -1,0 +1,120 @@
+"""``pdserve verify``: probe every prefill/decode pair of a running deployment and judge it.
+
+Per pair: the NIXL backends and UCX transports each engine logged, the KV bandwidth of a probe
+of known size against what the link can do, and PD output == local output (greedy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import aiohttp
+
+from pdserve.config import Settings
+from pdserve.role import Role
+from pdserve.verify import microbench
+from pdserve.verify.checks import NOMINAL_GBPS, Verdict, classify_link, judge, transports_from_log
+from pdserve.verify.probe import greedy_token_ids, probe_handoff
+
+_MEMCPY_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class PairReport:
+    prefill: str
+    decode: str
+    backends: list[str]
+    transports: list[str]
+    kv_bytes: float
+    prefill_ms: float
+    decode_ms: float
+    verdict: Verdict
+    is_pd_equal_local: bool | None  # None: no gateway to ask
+
+
+async def verify(
+    settings: Settings, *, gateway_url: str | None, min_fraction: float, expected_gbps: float | None,
+    prompt_tokens: int | None, timeout_s: float = 120.0,
+) -> list[PairReport]:
+    """Probe each (prefill, decode) pair; raises aiohttp.ClientError if an engine is unreachable."""
+    link = classify_link(settings.prefill, settings.decode)
+    expected = expected_gbps or NOMINAL_GBPS.get(link) or 0.0
+    if not expected:  # host memory: measure this machine rather than assume
+        expected = await asyncio.to_thread(_host_memcpy_gbps)
+    tokens = prompt_tokens or max(settings.model.max_model_len - 64, 16)
+    logs = {spec.base_url: _log_text(Path(settings.launch.log_dir) / f"{spec.name}.log")
+            for spec in settings.engine_specs()}
+    reports = []
+    async with aiohttp.ClientSession() as session:
+        is_equal = await _pd_equals_local(session, gateway_url, settings, timeout_s) if gateway_url else None
+        for prefill_url in settings.endpoint_urls(Role.PREFILL):
+            for decode_url in settings.endpoint_urls(Role.DECODE):
+                probe = await probe_handoff(
+                    session, prefill_url=prefill_url, decode_url=decode_url, model=settings.model.served_name,
+                    connector=settings.kv.connector, prompt_tokens=tokens, seed=random.randrange(1 << 30),
+                    timeout_s=timeout_s,
+                )
+                backends, transports = transports_from_log(logs.get(prefill_url, "") + logs.get(decode_url, ""))
+                reports.append(PairReport(
+                    prefill=prefill_url, decode=decode_url, backends=backends, transports=transports,
+                    kv_bytes=probe.engine.bytes, prefill_ms=probe.prefill_s * 1000, decode_ms=probe.decode_s * 1000,
+                    verdict=judge(probe, link=link, expected_gbps=expected, min_fraction=min_fraction),
+                    is_pd_equal_local=is_equal,
+                ))
+    return reports
+
+
+async def _pd_equals_local(session: aiohttp.ClientSession, gateway_url: str, settings: Settings, timeout_s: float) -> bool:
+    outputs = [
+        await greedy_token_ids(session, gateway_url, model=settings.model.served_name, mode=mode,
+                               prompt_tokens=100, max_tokens=16, timeout_s=timeout_s)
+        for mode in ("pd", "local")
+    ]
+    return outputs[0] == outputs[1]
+
+
+def _host_memcpy_gbps() -> float:
+    """This host's memcpy bandwidth: the ceiling for KV moving through host memory."""
+    paths = [microbench.Path(kind=microbench.PathKind.HOST_MEMCPY)]
+    (result,) = microbench.run_microbench(size_bytes=_MEMCPY_BYTES, block_bytes=_MEMCPY_BYTES, paths=paths)
+    return result.gbps
+
+
+def _log_text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def is_healthy(reports: list[PairReport]) -> bool:
+    return bool(reports) and all(r.verdict.is_ok and r.is_pd_equal_local is not False for r in reports)
+
+
+def format_reports(reports: list[PairReport]) -> str:
+    """kubectl-style table, then one line per problem with what to change."""
+    header = ("PREFILL", "DECODE", "LINK", "BACKENDS", "TRANSPORTS", "KV_MB", "ENGINE_GB/s", "HANDOFF_GB/s",
+              "EXPECTED_GB/s", "PD==LOCAL", "STATUS")
+    rows = [header] + [
+        (r.prefill, r.decode, r.verdict.link.value, ",".join(r.backends) or "?", ",".join(r.transports) or "?",
+         f"{r.kv_bytes / 1e6:.1f}", f"{r.verdict.measured_gbps:.2f}", f"{r.verdict.handoff_gbps:.2f}",
+         f"{r.verdict.expected_gbps:.1f}", {None: "-", True: "yes", False: "NO"}[r.is_pd_equal_local],
+         "OK" if r.verdict.is_ok and r.is_pd_equal_local is not False else "FAIL")
+        for r in reports
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["   ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    for r in reports:
+        lines += [f"{r.prefill} -> {r.decode}: {problem}" for problem in r.verdict.problems]
+        if r.is_pd_equal_local is False:
+            lines.append(f"{r.prefill} -> {r.decode}: greedy PD output differs from local output")
+    return "\n".join(lines)
+
+
+def reports_json(reports: list[PairReport]) -> str:
+    return json.dumps([asdict(r) | {"ok": r.verdict.is_ok} for r in reports], indent=2, default=str)
+

@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+from pdserve.pd import decode, prefill
+from pdserve.pd.kv import KVTransferParams
+
+
+def test_prefill_body_is_one_unstreamed_token_that_keeps_kv_for_remote_decode() -> None:
+    body = {"model": "m", "prompt": "p", "max_tokens": 50, "stream": True, "stream_options": {"include_usage": True},
+            "min_tokens": 5, "max_completion_tokens": 50, "temperature": 0.3}
+    shaped = prefill.make_body(body, connector="NixlConnector")
+    assert shaped["max_tokens"] == 1 and shaped["stream"] is False and shaped["temperature"] == 0.3
+    assert not {"stream_options", "min_tokens", "max_completion_tokens"} & set(shaped)
+    assert shaped["kv_transfer_params"]["do_remote_decode"] is True
+    assert body["max_tokens"] == 50 and "kv_transfer_params" not in body  # pure
+
+
+def test_decode_body_is_the_original_plus_prefill_kv_params() -> None:
+    kv = KVTransferParams(fields={"remote_block_ids": [[1, 2], [3]], "remote_engine_id": "e"}, prompt_tokens=9)
+    body = {"model": "m", "prompt": "p", "stream": True}
+    assert decode.make_body(body, kv) == {**body, "kv_transfer_params": dict(kv.fields)}
+    assert kv.block_count == 3

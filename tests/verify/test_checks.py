@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+from pdserve.config import parse_settings
+from pdserve.gateway.kv_monitor import check_window
+from pdserve.pd.transfer_stats import TransferCounters, parse_counters
+from pdserve.verify.checks import Link, classify_link, judge, transports_from_log
+from pdserve.verify.probe import HandoffProbe
+
+METRICS = """# TYPE vllm:nixl_bytes_transferred histogram
+vllm:nixl_bytes_transferred_sum{engine="0",model_name="m"} 2000000.0
+# TYPE vllm:nixl_xfer_time_seconds histogram
+vllm:nixl_xfer_time_seconds_count{engine="0",model_name="m"} 2.0
+vllm:nixl_xfer_time_seconds_sum{engine="0",model_name="m"} 0.001
+# TYPE vllm:nixl_num_failed_transfers counter
+vllm:nixl_num_failed_transfers_total{engine="0",model_name="m"} 0.0
+# TYPE vllm:prompt_tokens_by_source counter
+vllm:prompt_tokens_by_source_total{engine="0",source="local_compute"} 5.0
+vllm:prompt_tokens_by_source_total{engine="0",source="external_kv_transfer"} 1000.0
+"""
+
+
+def probe(counters: TransferCounters, tokens: int = 1000) -> HandoffProbe:
+    return HandoffProbe(prompt_tokens=tokens, prefill_s=0.1, decode_s=0.02, engine=counters)
+
+
+def test_engine_counters_parse_from_vllm_metrics() -> None:
+    counters = parse_counters(METRICS)
+    assert counters == TransferCounters(bytes=2e6, seconds=0.001, transfers=2, failed=0, external_tokens=1000)
+    assert counters.gbps == 2.0
+    assert counters.since(TransferCounters(bytes=1e6, seconds=0.0005, transfers=1)).bytes == 1e6
+
+
+def test_fast_transfer_of_the_whole_prompt_passes() -> None:
+    verdict = judge(probe(parse_counters(METRICS)), link=Link.HOST_MEMORY, expected_gbps=10.0, min_fraction=0.1)
+    assert verdict.is_ok and verdict.handoff_gbps == 0.1
+
+
+def test_slow_recomputed_or_failed_paths_are_flagged_with_advice() -> None:
+    slow = judge(probe(TransferCounters(bytes=2e6, seconds=2.0, transfers=1, external_tokens=1000)),
+                 link=Link.SAME_GPU, expected_gbps=1800.0, min_fraction=0.1)
+    assert not slow.is_ok and "UCX_CUDA_IPC_ENABLE_GET_ZCOPY" in slow.problems[0]
+    recomputed = judge(probe(TransferCounters()), link=Link.HOST_MEMORY, expected_gbps=10.0, min_fraction=0.1)
+    assert "recomputed" in recomputed.problems[0]
+    failed = judge(probe(TransferCounters(bytes=2e6, seconds=0.001, transfers=1, failed=1, external_tokens=1000)),
+                   link=Link.HOST_MEMORY, expected_gbps=1.0, min_fraction=0.1)
+    assert failed.problems == ("1 KV transfer(s) failed",)
+
+
+def test_links_follow_where_engines_run() -> None:
+    def link(prefill: dict[str, object], decode: dict[str, object]) -> Link:
+        settings = parse_settings({"prefill": {"base_port": 8100, **prefill}, "decode": {"base_port": 8200, **decode}}, source="t")
+        return classify_link(settings.prefill, settings.decode)
+
+    assert link({}, {}) is Link.HOST_MEMORY
+    assert link({"device": "cuda", "gpu_ids": [0]}, {"device": "cuda", "gpu_ids": [0]}) is Link.SAME_GPU
+    assert link({"device": "cuda", "gpu_ids": [0]}, {"device": "cuda", "gpu_ids": [1]}) is Link.GPU_TO_GPU
+    assert link({"engines": 0, "urls": ["http://h:1"]}, {}) is Link.NETWORK
+
+
+def test_backends_and_read_transports_come_from_engine_logs() -> None:
+    log = ("2026 NIXL INFO _api.py:405 Backend UCX was instantiated\n"
+           "[1] | remote memory read by ucp_get*(multi) into cuda/GPU0 from cuda/dev[0] | 0..inf | zero-copy | cuda_ipc/cuda\n")
+    assert transports_from_log(log) == (["UCX"], ["cuda_ipc/cuda"])
+
+
+def test_gateway_warns_on_slow_or_failed_engine_windows() -> None:
+    assert check_window("u", TransferCounters(bytes=1e6, seconds=1.0, transfers=1), slow_kv_gbps=0.5)
+    assert "FAILED" in (check_window("u", TransferCounters(failed=1), slow_kv_gbps=0.5) or "")
+    assert check_window("u", TransferCounters(bytes=1e9, seconds=0.1, transfers=1), slow_kv_gbps=0.5) is None
+    assert check_window("u", TransferCounters(), slow_kv_gbps=0.5) is None
