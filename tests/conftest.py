@@ -19,6 +19,24 @@ def free_port() -> int:
         return port
 
 
+def free_port_block(count: int) -> int:
+    """The first of ``count`` consecutive free ports (engines use base_port + index)."""
+    for _ in range(100):
+        base = free_port()
+        if base + count < 65536 and all(_is_free(base + offset) for offset in range(1, count)):
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 @asynccontextmanager
 async def serving(app: Starlette, port: int) -> AsyncIterator[str]:
     """Serve ``app`` on 127.0.0.1:``port`` for the block; yields its base URL."""

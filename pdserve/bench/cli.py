@@ -74,12 +74,7 @@ def run(
     make = _checked(lambda: _workload(
         workload, model=model, input_tokens=input_tokens, output_tokens=output_tokens, prefix_tokens=prefix_tokens,
         turns=turns, trace=trace, prompts=prompts, seed=seed))
-    traced = make(0)  # non-empty only for a trace replayed whole, on its own timestamps
-    if traced and all(request.at_s is not None for request in traced):
-        span_s = max(request.at_s or 0.0 for request in traced) or 1.0
-        loads: list[Load] = [PoissonLoad(rate=len(traced) / span_s, duration_s=span_s)]  # the trace's own times
-    else:
-        loads = _checked(lambda: _loads(rate, concurrency, duration_s=duration, seed=seed))
+    loads = _replay_load(make(0)) or _checked(lambda: _loads(rate, concurrency, duration_s=duration, seed=seed))
     slo = Slo(ttft_s=ttft_slo_ms / 1000, itl_s=itl_slo_ms / 1000)
     points = _run(sweep(targets, loads, workload=make, slo=slo, timeout_s=timeout_s, progress=request_bar))
     _write(points, out=out, load_name="streams" if concurrency else "rate", slo=slo, title="pdserve bench run",
@@ -141,12 +136,8 @@ def overhead(
     result = _run(measure_overhead(plan, log_dir=log_dir, progress=_say))
     for name, summary in (("direct", result.direct), ("gateway", result.gateway)):
         _say(_overhead_line(name, summary))
-    figures = {"streams": streams, "ttft_p50_added_ms": round(result.ttft_p50_added_ms, 3),
-               "itl_p99_added_ms": round(result.itl_p99_added_ms, 3),
-               "throughput_ratio": round(result.throughput_ratio, 4)}
-    _say(f"gateway adds {figures['ttft_p50_added_ms']:+.2f} ms TTFT p50, {figures['itl_p99_added_ms']:+.2f} ms "
-         f"inter-token p99, and delivers {figures['throughput_ratio']:.1%} of direct tokens/s")
-    print(json.dumps(figures), flush=True)
+    _say(result.verdict())
+    print(json.dumps({"streams": streams, **result.figures()}), flush=True)
 
 
 @bench_app.command()
@@ -186,6 +177,16 @@ def _workload(
                                    prompts=prompts, seed=seed)
 
 
+def _replay_load(traced: list[BenchRequest]) -> list[Load]:
+    """A trace whose entries all carry timestamps sets its own pace (the workload then returns it
+    whole, whatever count is asked for); otherwise [] and --rate/--concurrency decide.
+    """
+    if not traced or any(request.at_s is None for request in traced):
+        return []
+    span_s = max(request.at_s or 0.0 for request in traced) or 1.0
+    return [PoissonLoad(rate=len(traced) / span_s, duration_s=span_s)]
+
+
 def _cycled(entries: Sequence[BenchRequest], count: int) -> list[BenchRequest]:
     return [entries[index % len(entries)] for index in range(count)]
 
@@ -207,6 +208,9 @@ def _write(points: list[Point], *, out: Path | None, load_name: str, slo: Slo, t
     meta = meta | {"slo_ms": {"ttft": slo.ttft_s * 1000, "itl_p90": slo.itl_s * 1000}}
     paths = write_report(points, out_dir=out_dir, load_name=load_name, meta=meta, title=title)
     _say("\n" + to_markdown(points, load_name=load_name))
+    for point in points:
+        for message, count in point.summary.top_errors:
+            _say(f"  {point.target} @ {point.load:g}: {count} x {message}")
     _say("wrote " + ", ".join(str(path) for path in paths))
 
 

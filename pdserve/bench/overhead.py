@@ -26,6 +26,9 @@ from pdserve.bench.stats import Slo, Summary, Window, summarize
 from pdserve.bench.workload import BenchRequest, Lengths, synthetic
 from pdserve.config import DEMO_MODEL_NAME
 
+GOAL_TTFT_P50_ADDED_MS = 2.0
+GOAL_ITL_P99_ADDED_MS = 5.0
+GOAL_THROUGHPUT_RATIO = 0.97
 _PROMPT_TOKENS = 64
 _WARM_UP_S = 2.0
 
@@ -62,6 +65,23 @@ class OverheadResult:
     @property
     def throughput_ratio(self) -> float:
         return self.gateway.output_tokens_per_s / self.direct.output_tokens_per_s
+
+    @property
+    def meets_goal(self) -> bool:
+        """The bar of issue #3: the gateway must cost (next to) nothing."""
+        return (self.ttft_p50_added_ms <= GOAL_TTFT_P50_ADDED_MS and self.itl_p99_added_ms <= GOAL_ITL_P99_ADDED_MS
+                and self.throughput_ratio >= GOAL_THROUGHPUT_RATIO)
+
+    def figures(self) -> dict[str, float | bool]:
+        return {"ttft_p50_added_ms": round(self.ttft_p50_added_ms, 3),
+                "itl_p99_added_ms": round(self.itl_p99_added_ms, 3),
+                "throughput_ratio": round(self.throughput_ratio, 4), "meets_goal": self.meets_goal}
+
+    def verdict(self) -> str:
+        return (f"gateway adds {self.ttft_p50_added_ms:+.2f} ms TTFT p50, {self.itl_p99_added_ms:+.2f} ms inter-token "
+                f"p99, and delivers {self.throughput_ratio:.1%} of direct tokens/s (goal: <= "
+                f"{GOAL_TTFT_P50_ADDED_MS:g} ms, <= {GOAL_ITL_P99_ADDED_MS:g} ms, >= {GOAL_THROUGHPUT_RATIO:.0%}: "
+                f"{'met' if self.meets_goal else 'NOT met'})")
 
 
 async def measure_overhead(plan: OverheadPlan, *, log_dir: Path, progress: Callable[[str], None]) -> OverheadResult:

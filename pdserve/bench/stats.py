@@ -7,12 +7,14 @@ request's own p90 inter-token gap (one slow gap in 256 is jitter; one in ten is 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from pdserve.bench.records import RequestRecord
 
 MS_PER_S = 1000.0
+_ERROR_CHARS = 160
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,7 @@ class Summary:
     itl_ms: Percentiles | None
     tpot_ms: Percentiles | None
     e2e_ms: Percentiles | None
+    top_errors: tuple[tuple[str, int], ...] = ()  # the most frequent error messages, with counts
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -121,6 +124,7 @@ def summarize(records: Iterable[RequestRecord], *, slo: Slo, windows: Sequence[W
         itl_ms=percentiles_ms(gaps),
         tpot_ms=percentiles_ms([record.tpot_s for record in done if record.tpot_s is not None]),
         e2e_ms=percentiles_ms([record.done_s - record.sent_s for record in done]),
+        top_errors=tuple(Counter(record.error[:_ERROR_CHARS] for record in sent if record.error).most_common(3)),
     )
 
 

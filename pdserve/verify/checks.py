@@ -79,12 +79,22 @@ def judge(probe: HandoffProbe, *, link: Link, expected_gbps: float, min_fraction
 
 
 _BACKEND = re.compile(r"Backend (\w+) was instantiated")
-# UCX_PROTO_INFO=y prints one table row per protocol choice; the last column names the transports.
-_UCX_READ = re.compile(r"remote memory read by ucp_get.*\|\s*([^|]+?)\s*$")
+# UCX_PROTO_INFO=y prints a table per protocol: a title row, then "| range | description | transports |".
+_UCX_TITLE = re.compile(r"\| (.+ by ucp_\w+.*?)\s*\|\s*$")
+_UCX_ROW = re.compile(r"\|\s*\S*\.\.\S*\s*\|\s*([^|]+?)\s*\|\s*([^|]+?)\s*\|")
 
 
 def transports_from_log(log_text: str) -> tuple[list[str], list[str]]:
-    """(NIXL backends instantiated, UCX transports chosen for KV reads) as an engine logged them."""
+    """(NIXL backends instantiated, UCX transports chosen for KV reads) as an engine logged them.
+
+    vLLM's decode engine pulls the KV cache, so the reads (``ucp_get``) are what matters.
+    """
     backends = sorted(set(_BACKEND.findall(log_text)))
-    reads = sorted({match.group(1) for line in log_text.splitlines() if (match := _UCX_READ.search(line))})
-    return backends, reads
+    reads: set[str] = set()
+    is_read_table = False
+    for line in log_text.splitlines():
+        if title := _UCX_TITLE.search(line):
+            is_read_table = "read by ucp_get" in title.group(1)
+        elif is_read_table and (row := _UCX_ROW.search(line)):
+            reads.add(f"{row.group(2)} ({row.group(1)})")
+    return backends, sorted(reads)

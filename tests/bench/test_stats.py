@@ -61,6 +61,7 @@ def test_summary_counts_goodput_errors_and_rates() -> None:
     assert summary.output_tokens_per_s == pytest.approx(9 / 4.0)
     assert summary.ttft_ms is not None and summary.ttft_ms.p50 == pytest.approx(100.0)
     assert summary.itl_ms is not None and summary.itl_ms.p50 == pytest.approx(100.0)
+    assert summary.top_errors == (("HTTP 503", 1),)
 
 
 def test_summary_counts_only_what_falls_inside_the_windows() -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 import yaml
 
-from tests.conftest import free_port
+from tests.conftest import free_port_block
 
 READY_TIMEOUT_S = 900.0
 
@@ -34,7 +34,8 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     workdir = tmp_path_factory.mktemp("up")
-    ports = {name: free_port() for name in ("gateway", "prefill", "decode", "side_a", "side_b")}
+    base = free_port_block(5)
+    ports = {name: base + offset for offset, name in enumerate(("gateway", "prefill", "decode", "side_a", "side_b"))}
     config = {
         "prefill": {"base_port": ports["prefill"], "extra_args": ["--block-size", "32"]},
         "decode": {"base_port": ports["decode"], "extra_args": ["--block-size", "32"]},

@@ -58,9 +58,17 @@ def test_links_follow_where_engines_run() -> None:
 
 
 def test_backends_and_read_transports_come_from_engine_logs() -> None:
-    log = ("2026 NIXL INFO _api.py:405 Backend UCX was instantiated\n"
-           "[1] | remote memory read by ucp_get*(multi) into cuda/GPU0 from cuda/dev[0] | 0..inf | zero-copy | cuda_ipc/cuda\n")
-    assert transports_from_log(log) == (["UCX"], ["cuda_ipc/cuda"])
+    log = """2026 NIXL INFO _api.py:405 Backend UCX was instantiated
+[17.7] [vm:1:0]   | remote memory write by ucp_put* from host memory to host |
+[17.7] [vm:1:0]   | 0..inf | zero-copy   | tcp/lo                                |
+[17.7] [vm:1:0]   | remote memory read by ucp_get*(multi) into host memory from host |
+[17.7] [vm:1:0]   +--------+-------------+-------------------------------------------+
+[17.7] [vm:1:0]   | Range  | Description |                  Config                   |
+[17.7] [vm:1:0]   | 0..inf | zero-copy   | cma/memory                                |
+[17.7] [vm:1:0]   | active message by ucp_am_send* from host memory |
+[17.7] [vm:1:0]   | 0..8k  | short       | tcp/lo                                |
+"""
+    assert transports_from_log(log) == (["UCX"], ["cma/memory (zero-copy)"])
 
 
 def test_gateway_warns_on_slow_or_failed_engine_windows() -> None:
