@@ -17,7 +17,6 @@ from typing import Any
 import aiohttp
 
 from pdserve.config import Settings
-from pdserve.demo.model import build_demo_model
 from pdserve.engines.supervisor import Supervisor
 from pdserve.errors import ConfigError, EngineStartFailed
 from pdserve.gateway.app import build_app
@@ -64,8 +63,9 @@ async def resolve_model(settings: Settings, *, progress: Callable[[str], None]) 
     """The model folder engines load: the configured one, or the demo model (built on first use)."""
     if settings.model.path is not None:
         return settings.model.path
-    target = settings.demo_model_dir
-    return str(await asyncio.to_thread(build_demo_model, target, progress=progress))
+    from pdserve.demo.model import build_demo_model  # torch + transformers: only when needed
+
+    return str(await asyncio.to_thread(build_demo_model, settings.demo_model_dir, progress=progress))
 
 
 def _check_ports_free(settings: Settings) -> None:

@@ -28,6 +28,9 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: run as a script on the GPU box
+from pdserve.pd import prefill  # noqa: E402
+
 QWEN3_8B = {
     "architectures": ["Qwen3ForCausalLM"],
     "model_type": "qwen3",
@@ -237,20 +240,7 @@ def prompt_ids(seed: int, n_tokens: int) -> list[int]:
 
 async def prefill_leg(session: aiohttp.ClientSession, url: str, prompt: list[int]) -> dict[str, Any]:
     """Prefill leg: max_tokens=1, not streamed, so the reply is one JSON object carrying kv_transfer_params."""
-    body = {
-        "model": "m",
-        "prompt": prompt,
-        "max_tokens": 1,
-        "stream": False,
-        "kv_transfer_params": {
-            "do_remote_decode": True,
-            "do_remote_prefill": False,
-            "remote_engine_id": None,
-            "remote_block_ids": None,
-            "remote_host": None,
-            "remote_port": None,
-        },
-    }
+    body = prefill.make_body({"model": "m", "prompt": prompt}, connector="NixlConnector")
     async with session.post(url + "/v1/completions", json=body) as response:
         reply = await response.json()
         if response.status != 200:

@@ -19,9 +19,9 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer
 from transformers import Qwen3ForCausalLM
 
+from pdserve.config import DEMO_MODEL_NAME
 from pdserve.demo import corpus, train
 
-DEMO_MODEL_NAME = "pdserve-demo"
 MARKER_FILE = "pdserve-demo.json"
 DEFAULT_TRAIN_STEPS = 250
 # Bump whenever a change to corpus.py, train.py or this file would change the built bytes.
