@@ -41,7 +41,10 @@ async def run_up(settings: Settings, *, progress: Callable[[str], None]) -> None
             if not await _until_stopped(stop, supervisor.start_all(session)):
                 return
             tasks.append(asyncio.create_task(server.serve()))
-            while not server.started and not tasks[0].done():
+            while not server.started:
+                if tasks[0].done():  # uvicorn could not start: say why
+                    tasks[0].result()
+                    raise EngineStartFailed("the gateway server stopped during start-up")
                 await asyncio.sleep(0.05)
             base_url = f"http://{settings.gateway.host}:{settings.gateway.port}"
             if not await _until_stopped(stop, _warm_up(session, base_url, settings.model.served_name, progress)):

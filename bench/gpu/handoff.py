@@ -29,7 +29,7 @@ import aiohttp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: run as a script on the GPU box
-from pdserve.pd import prefill  # noqa: E402
+from pdserve.pd import prefill
 
 QWEN3_8B = {
     "architectures": ["Qwen3ForCausalLM"],

@@ -11,11 +11,11 @@ from starlette.applications import Starlette
 def make_server(app: Starlette, *, host: str, port: int, handle_signals: bool = False) -> uvicorn.Server:
     """A uvicorn server for ``app``; ``await server.serve()`` runs it until ``should_exit``.
 
-    httptools parses HTTP in C; access logs are off because the gateway logs one line per leg.
+    httptools parses HTTP in C where installed (h11 otherwise); access logs are off because the gateway logs one line per leg.
     Unless ``handle_signals``, signals stay with the caller (``pdserve up`` has engines to stop).
     """
     config = uvicorn.Config(
-        app, host=host, port=port, http="httptools", loop="none", lifespan="on",
+        app, host=host, port=port, http="auto", loop="none", lifespan="on",
         access_log=False, log_level="warning", timeout_keep_alive=30, backlog=4096,
     )
     server = uvicorn.Server(config)
