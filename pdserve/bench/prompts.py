@@ -35,15 +35,25 @@ class WordPrompts:
 
 
 class TokenizerPrompts:
-    """Cut random words to exactly ``tokens`` token ids and decode them (re-encoding may differ by one)."""
+    """Cut random words to exactly ``tokens`` token ids and decode them (re-encoding may differ by one).
+
+    A vocabulary that does not know English words (a placeholder tokenizer for dummy weights)
+    would turn every prompt into the same unknown token, and the prefix cache would answer
+    every prefill: then random ids from the whole vocabulary are used instead.
+    """
 
     def __init__(self, tokenizer_file: Path) -> None:
         from tokenizers import Tokenizer  # the demo extra; only needed when a tokenizer is used
 
         self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        probe = self._tokenizer.encode(" ".join(WORDS), add_special_tokens=False).ids
+        self._knows_words = len(set(probe)) > len(WORDS) // 2
 
     def make(self, tokens: int, *, rng: random.Random) -> str:
-        ids: list[int] = []
+        if not self._knows_words:
+            ids = [rng.randrange(self._tokenizer.get_vocab_size()) for _ in range(tokens)]
+            return str(self._tokenizer.decode(ids))
+        ids = []
         words = tokens
         while len(ids) < tokens:
             ids = self._tokenizer.encode(" ".join(rng.choices(WORDS, k=words)), add_special_tokens=False).ids
