@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-import yaml
 
 from pdserve.bench import runner
 from pdserve.bench.prompts import WordPrompts
@@ -25,6 +24,7 @@ from pdserve.bench.services import child_service, free_port
 from pdserve.bench.stats import Slo, Summary, Window, summarize
 from pdserve.bench.workload import BenchRequest, Lengths, synthetic
 from pdserve.config import DEMO_MODEL_NAME
+from pdserve.errors import BenchFailed
 
 GOAL_TTFT_P50_ADDED_MS = 2.0
 GOAL_ITL_P99_ADDED_MS = 5.0
@@ -54,12 +54,12 @@ class OverheadResult:
 
     @property
     def ttft_p50_added_ms(self) -> float:
-        assert self.direct.ttft_ms and self.gateway.ttft_ms, "no successful requests"
+        assert self.direct.ttft_ms and self.gateway.ttft_ms, "measure_overhead checks both streamed"
         return self.gateway.ttft_ms.p50 - self.direct.ttft_ms.p50
 
     @property
     def itl_p99_added_ms(self) -> float:
-        assert self.direct.itl_ms and self.gateway.itl_ms, "no token gaps measured"
+        assert self.direct.itl_ms and self.gateway.itl_ms, "measure_overhead checks both streamed"
         return self.gateway.itl_ms.p99 - self.direct.itl_ms.p99
 
     @property
@@ -108,6 +108,10 @@ async def measure_overhead(plan: OverheadPlan, *, log_dir: Path, progress: Calla
     direct_summary, gateway_summary = (
         summarize(records[name], slo=_NO_SLO, windows=windows[name]) for name in (direct.name, gateway.name)
     )
+    for name, summary in (("direct", direct_summary), ("gateway", gateway_summary)):
+        if summary.ttft_ms is None or summary.itl_ms is None:
+            raise BenchFailed(f"{name}: no request streamed tokens ({summary.errors} errors: {summary.top_errors}); "
+                              f"logs in {log_dir}")
     return OverheadResult(direct=direct_summary, gateway=gateway_summary)
 
 
@@ -137,15 +141,8 @@ async def _upstream_and_gateway(
     pdserve = [sys.executable, "-m", "pdserve"]
     upstream_argv = [*pdserve, "bench", "upstream", "--port", str(upstream_port),
                      "--ttft-ms", str(plan.ttft_s * 1000), "--tokens-per-s", str(plan.tokens_per_s)]
-    # A whole config file, not --prefill-url/--decode-url: the pools then need no other defaults.
-    gateway_config = log_dir / "gateway.yaml"
-    gateway_config.parent.mkdir(parents=True, exist_ok=True)
-    gateway_config.write_text(yaml.safe_dump({
-        "prefill": {"engines": 0, "base_port": upstream_port, "urls": [upstream_url]},
-        "decode": {"engines": 0, "base_port": upstream_port, "urls": [upstream_url]},
-        "gateway": {"port": gateway_port},
-    }))
-    gateway_argv = [*pdserve, "serve", "--config", str(gateway_config)]
+    gateway_argv = [*pdserve, "serve", "--prefill-url", upstream_url, "--decode-url", upstream_url,
+                    "--port", str(gateway_port)]
     async with (
         child_service(upstream_argv, ready_url=f"{upstream_url}/health", log_path=log_dir / "upstream.log"),
         child_service(gateway_argv, ready_url=f"{gateway_url}/health", log_path=log_dir / "gateway.log"),

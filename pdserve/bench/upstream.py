@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 import httptools
@@ -56,7 +56,7 @@ class Upstream:
     """A running synthetic engine: where it listens and what it has served."""
 
     url: str
-    counts: LegCounts = field(default_factory=LegCounts)
+    counts: LegCounts
 
 
 def token_text(index: int) -> str:
@@ -86,7 +86,7 @@ async def serving_upstream(pace: Pace, *, host: str = "127.0.0.1", port: int = 0
 
 
 async def serve_forever(pace: Pace, *, port: int, announce: Callable[[str], None]) -> None:
-    """Serve on 127.0.0.1:``port`` until cancelled (Ctrl-C, SIGTERM)."""
+    """Serve on 127.0.0.1:``port`` until cancelled (Ctrl-C) or killed."""
     async with serving_upstream(pace, port=port) as upstream:
         announce(f"synthetic upstream on {upstream.url}/v1 (TTFT {pace.ttft_s * 1000:g} ms, "
                  f"{pace.tokens_per_s:g} tokens/s per stream)")
@@ -97,7 +97,7 @@ async def serve_forever(pace: Pace, *, port: int, announce: Callable[[str], None
 class _Stream:
     frames: Frames
     max_tokens: int
-    first_token_s: float  # loop time of token 0
+    first_token_s: float  # time.monotonic() deadline of token 0
     usage: bytes  # the usage event, or b"" when the client did not ask for it
 
 
@@ -109,7 +109,7 @@ class _Connection(asyncio.Protocol):
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
         self._url, self._body = b"", bytearray()
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
@@ -152,7 +152,7 @@ class _Connection(asyncio.Protocol):
         except ValueError:
             self._send_json(400, b'{"error": {"message": "invalid JSON", "type": "invalid_request_error"}}')
             return
-        loop = asyncio.get_running_loop()
+        arrived_s = time.monotonic()
         frames = Frames(is_chat=is_chat, model=str(body.get("model")), request_id=uuid.uuid4().hex,
                         created_s=int(time.time()))
         kv = body.get("kv_transfer_params") or {}
@@ -160,23 +160,23 @@ class _Connection(asyncio.Protocol):
         if kv.get("do_remote_decode"):
             self._counts.prefill += 1
             reply = _prefill_reply(frames, body)
-            self._timer = loop.call_later(self._pace.ttft_s, self._send_json, 200, json.dumps(reply).encode())
+            self._timer = _call_at(arrived_s + self._pace.ttft_s, self._send_json, 200, json.dumps(reply).encode())
             return
         is_decode_leg = bool(kv.get("do_remote_prefill"))
         self._counts.decode += is_decode_leg
         self._counts.whole += not is_decode_leg
-        first_token_s = loop.time() + (self._pace.handoff_s if is_decode_leg else self._pace.ttft_s)
+        first_token_s = arrived_s + (self._pace.handoff_s if is_decode_leg else self._pace.ttft_s)
         if not body.get("stream"):
             whole = frames.whole_reply(reply_text(max_tokens), prompt_tokens=prompt_tokens(body),
                                        completion_tokens=max_tokens)
             done_s = first_token_s + (max_tokens - 1) / self._pace.tokens_per_s
-            self._timer = loop.call_at(done_s, self._send_json, 200, json.dumps(whole).encode())
+            self._timer = _call_at(done_s, self._send_json, 200, json.dumps(whole).encode())
             return
         usage = frames.usage(prompt_tokens=prompt_tokens(body), completion_tokens=max_tokens) if (
             (body.get("stream_options") or {}).get("include_usage")) else b""
         self._write(_SSE_HEAD)
         stream = _Stream(frames, max_tokens=max_tokens, first_token_s=first_token_s, usage=usage)
-        self._timer = loop.call_at(first_token_s, self._send_token, stream, 0)
+        self._timer = _call_at(first_token_s, self._send_token, stream, 0)
 
     def _send_token(self, stream: _Stream, index: int) -> None:
         """Token ``index`` now; token i is due at first_token_s + i / rate (absolute, so delays never add up)."""
@@ -187,7 +187,7 @@ class _Connection(asyncio.Protocol):
         if not is_last:
             self._write_chunk(event)
             due_s = stream.first_token_s + (index + 1) / self._pace.tokens_per_s
-            self._timer = asyncio.get_running_loop().call_at(due_s, self._send_token, stream, index + 1)
+            self._timer = _call_at(due_s, self._send_token, stream, index + 1)
             return
         self._timer = None
         self._write_chunk(event + stream.usage + stream.frames.done(), is_end=True)
@@ -204,6 +204,19 @@ class _Connection(asyncio.Protocol):
     def _write(self, data: bytes) -> None:
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(data)
+
+
+def _call_at(due_s: float, callback: Callable[..., None], *args: Any) -> asyncio.Handle:
+    """Run ``callback`` at ``due_s`` on the time.monotonic() clock, at once if that is past.
+
+    Not ``loop.time()``-based: under uvloop that is the start of the current loop pass in whole ms,
+    so deadlines counted from it land up to a millisecond early, and a zero delay becomes a 1 ms
+    timer: either would skew direct-vs-gateway comparisons by as much as the gateway costs.
+    """
+    loop = asyncio.get_running_loop()
+    if due_s <= time.monotonic():
+        return loop.call_soon(callback, *args)
+    return loop.call_at(due_s, callback, *args)
 
 
 def _prefill_reply(frames: Frames, body: dict[str, Any]) -> dict[str, Any]:
