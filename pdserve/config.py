@@ -170,13 +170,19 @@ class Settings(_Frozen):
 
     @model_validator(mode="after")
     def _check_ports_unique(self) -> Settings:
-        ports = [self.gateway.port]
-        for spec in self.engine_specs():
-            ports += [spec.port, spec.side_channel_port]
+        ports = self.local_ports
         clashes = sorted({port for port in ports if ports.count(port) > 1})
         if clashes:
             raise ValueError(f"ports used twice (gateway, engines, side channels): {clashes}")
         return self
+
+    @property
+    def local_ports(self) -> list[int]:
+        """Every port this deployment binds on this host: gateway, engines, NIXL side channels."""
+        ports = [self.gateway.port]
+        for spec in self.engine_specs():
+            ports += [spec.port, spec.side_channel_port]
+        return ports
 
     @property
     def demo_model_dir(self) -> Path:

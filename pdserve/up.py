@@ -73,11 +73,8 @@ async def resolve_model(settings: Settings, *, progress: Callable[[str], None]) 
 
 def _check_ports_free(settings: Settings) -> None:
     """Fail before starting anything if a port we need is taken (a stale engine, say)."""
-    ports = [settings.gateway.port]
-    for spec in settings.engine_specs():
-        ports += [spec.port, spec.side_channel_port]
     busy = []
-    for port in ports:
+    for port in settings.local_ports:
         with socket.socket() as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is fine
             try:

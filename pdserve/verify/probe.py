@@ -13,8 +13,10 @@ from typing import Any
 
 import aiohttp
 
+from pdserve.gateway.orchestrator import Mode
 from pdserve.pd import decode, prefill
 from pdserve.pd.transfer_stats import TransferCounters, fetch_counters
+from pdserve.protocol import PD_MODE_HEADER
 
 _COMPLETIONS = "/v1/completions"
 
@@ -62,13 +64,13 @@ async def probe_handoff(
 
 
 async def greedy_token_ids(
-    session: aiohttp.ClientSession, gateway_url: str, *, model: str, mode: str, prompt_tokens: int,
+    session: aiohttp.ClientSession, gateway_url: str, *, model: str, mode: Mode, prompt_tokens: int,
     max_tokens: int, timeout_s: float,
 ) -> list[int]:
-    """The token ids the gateway returns for a greedy request in ``mode`` (``pd`` or ``local``)."""
+    """The token ids the gateway returns for a greedy request in ``mode``."""
     body = {"model": model, "prompt": probe_token_ids(prompt_tokens, seed=1), "max_tokens": max_tokens,
             "temperature": 0, "ignore_eos": True, "return_token_ids": True}
-    async with session.post(gateway_url + _COMPLETIONS, json=body, headers={"X-PD-Mode": mode},
+    async with session.post(gateway_url + _COMPLETIONS, json=body, headers={PD_MODE_HEADER: mode.value},
                             timeout=aiohttp.ClientTimeout(total=timeout_s)) as reply:
         reply.raise_for_status()
         token_ids: list[int] = (await reply.json())["choices"][0]["token_ids"]

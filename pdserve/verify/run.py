@@ -15,6 +15,7 @@ from pathlib import Path
 import aiohttp
 
 from pdserve.config import Settings
+from pdserve.gateway.orchestrator import Mode
 from pdserve.role import Role
 from pdserve.verify import microbench
 from pdserve.verify.checks import NOMINAL_GBPS, Verdict, classify_link, judge, transports_from_log
@@ -72,7 +73,7 @@ async def _pd_equals_local(session: aiohttp.ClientSession, gateway_url: str, set
     outputs = [
         await greedy_token_ids(session, gateway_url, model=settings.model.served_name, mode=mode,
                                prompt_tokens=100, max_tokens=16, timeout_s=timeout_s)
-        for mode in ("pd", "local")
+        for mode in (Mode.PD, Mode.LOCAL)
     ]
     return outputs[0] == outputs[1]
 
