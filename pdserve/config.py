@@ -90,6 +90,9 @@ class GatewaySpec(_Frozen):
     kv_scrape_interval_s: float = Field(5.0, gt=0, description="how often engines' KV counters are read")
 
 
+MpsMode = Literal["auto", "on", "off"]
+
+
 class LaunchSpec(_Frozen):
     ready_timeout_s: float = Field(900.0, gt=0, description="per engine, load + warm-up")
     log_dir: str = Field(".pdserve/logs", description="one log file per engine")
@@ -97,6 +100,8 @@ class LaunchSpec(_Frozen):
     python: str = Field("", description="interpreter for engines; empty = this one")
     engine_host: str = Field("127.0.0.1", description="address engines bind to")
     restart_backoff_s: float = Field(2.0, gt=0, description="first restart delay, doubled each time")
+    mps: MpsMode = Field("auto", description=(
+        "CUDA MPS daemon when engines share a GPU; auto = if nvidia-cuda-mps-control is installed"))
 
 
 class EngineSpec(_Frozen):

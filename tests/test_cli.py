@@ -25,3 +25,9 @@ def test_config_example_validates(tmp_path: Path) -> None:
     (tmp_path / "example.yaml").write_text(example.stdout)
     result = pdserve("config", "validate", "example.yaml", cwd=tmp_path)
     assert result.returncode == 0 and "valid (prefill-0 :8100, decode-0 :8200; gateway :8000)" in result.stdout
+
+
+def test_bench_compare_with_an_unknown_way_exits_2_before_any_start(tmp_path: Path) -> None:
+    result = pdserve("bench", "compare", "--ways", "aggregated,sideways", cwd=tmp_path)
+    assert result.returncode == 2 and "direct,aggregated,disaggregated" in result.stderr
+    assert not (tmp_path / ".pdserve").exists()

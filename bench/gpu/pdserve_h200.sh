@@ -4,20 +4,10 @@
 # decode engine serving whole requests alone (aggregated), same run. Needs the vLLM stage in
 # /tmp/site (docs/transport.md). Results land in $OUT; every engine is stopped before the end.
 set -u
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-RATE=${RATE:-2} LOAD_S=${LOAD_S:-40} PREFILL_GPU=${PREFILL_GPU:-0} DECODE_GPU=${DECODE_GPU:-0} MEM=${MEM:-0.4}
+RATE=${RATE:-2} LOAD_S=${LOAD_S:-40}
+source bench/gpu/pd_config.sh
 # aggregated = whole requests on every engine we started: one when both share GPU 0, else one per GPU
 AGGREGATED=http://127.0.0.1:8200; [ "$PREFILL_GPU" != "$DECODE_GPU" ] && AGGREGATED=http://127.0.0.1:8100,http://127.0.0.1:8200
-python3 -c "import sys; sys.path.insert(0, 'bench/gpu'); from pathlib import Path; \
-from handoff import QWEN3_8B, write_model_dir; write_model_dir(Path('/tmp/q8b'), QWEN3_8B)"
-ENGINE='["--load-format", "dummy", "--gpu-memory-utilization", "'$MEM'", "--kv-cache-memory-bytes", "34359738368",
-  "--compilation-config", "{\"mode\":0,\"cudagraph_mode\":\"FULL_DECODE_ONLY\",\"cudagraph_capture_sizes\":[1,2,4,8,16,24,32,48,64]}"]'
-cat > /tmp/pd.yaml <<YAML
-model: {path: /tmp/q8b, served_name: qwen3-8b, max_model_len: 8192}
-prefill: {device: cuda, gpu_ids: [$PREFILL_GPU], extra_args: $ENGINE}
-decode: {device: cuda, gpu_ids: [$DECODE_GPU], extra_args: $ENGINE}
-launch: {log_dir: /tmp/pdlogs, ready_timeout_s: 420}
-YAML
 python3 -m pdserve up --config /tmp/pd.yaml > $OUT/up.log 2>&1 &
 UP=$!
 for _ in $(seq 450); do grep -q "^ready in" $OUT/up.log && break; kill -0 $UP 2>/dev/null || break; sleep 1; done

@@ -4,7 +4,7 @@
 # Every result goes to $OUT (at most 8 files come back); engine logs travel as one tarball.
 set -u
 export PYTHONUNBUFFERED=1
-MB="python3 pdserve/verify/microbench.py"
+MB="python3 -m pdserve.verify.microbench"
 GETZ=UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y
 case "$1" in
 hw)  # hardware limits: no NIXL, no vLLM (torch only)

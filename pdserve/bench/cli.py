@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import sys
@@ -15,6 +16,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 import uvloop
 
+from pdserve.bench.compare import Way
 from pdserve.bench.prompts import PromptMaker, prompt_maker
 from pdserve.bench.report import Point, to_markdown, write_report
 from pdserve.bench.stats import Slo, Summary
@@ -74,7 +76,7 @@ def run(
     make = _checked(lambda: _workload(
         workload, model=model, input_tokens=input_tokens, output_tokens=output_tokens, prefix_tokens=prefix_tokens,
         turns=turns, trace=trace, prompts=prompts, seed=seed))
-    loads = _replay_load(make(0)) or _checked(lambda: _loads(rate, concurrency, duration_s=duration, seed=seed))
+    loads = _replay_load(make(0, 0)) or _checked(lambda: _loads(rate, concurrency, duration_s=duration, seed=seed))
     slo = Slo(ttft_s=ttft_slo_ms / 1000, itl_s=itl_slo_ms / 1000)
     points = _run(sweep(targets, loads, workload=make, slo=slo, timeout_s=timeout_s, progress=request_bar))
     _write(points, out=out, load_name="streams" if concurrency else "rate", slo=slo, title="pdserve bench run",
@@ -84,6 +86,8 @@ def run(
 @bench_app.command()
 def compare(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML configuration (default: CPU demo).")] = None,
+    ways: Annotated[str, typer.Option(help="Which of direct,aggregated,disaggregated to run.")] = (
+        "direct,aggregated,disaggregated"),
     rate: RateOption = "1,2,4",
     duration: DurationOption = 15.0,
     input_tokens: InputOption = "128",
@@ -101,15 +105,22 @@ def compare(
         "gateway.port": base_port, "prefill.base_port": base_port + 10, "decode.base_port": base_port + 20,
         "kv.side_channel_base_port": 5610, "launch.log_dir": ".pdserve/bench-logs",
     }))
+    chosen = _checked(lambda: _ways(ways))
     loads = _checked(lambda: _loads(rate, None, duration_s=duration, seed=0))
     slo = Slo(ttft_s=ttft_slo_ms / 1000, itl_s=itl_slo_ms / 1000)
-    points = _run(run_compare(
-        settings, loads, input_tokens=_checked(lambda: Lengths.parse(input_tokens, name="--input-tokens")),
+    result = _run(run_compare(
+        settings, loads, ways=chosen,
+        input_tokens=_checked(lambda: Lengths.parse(input_tokens, name="--input-tokens")),
         output_tokens=_checked(lambda: Lengths.parse(output_tokens, name="--output-tokens")), slo=slo,
         timeout_s=300.0, progress=_say, bar=request_bar,
     ))
-    _write(points, out=out, load_name="rate", slo=slo, title="pdserve bench compare (CPU demo)",
-           meta={"command": sys.argv, "settings": settings.model_dump(mode="json")})
+    kv = result.kv
+    _say(f"KV handoff over the sweep (decode engines' own counters): {kv.transfers:.0f} transfers, "
+         f"{kv.bytes / 1e9:.2f} GB in {kv.seconds:.3f} s = {kv.gbps:.1f} GB/s, {kv.failed:.0f} failed")
+    _write(result.points, out=out, load_name="rate", slo=slo,
+           title=f"pdserve bench compare ({config.name if config else 'CPU demo'})",
+           meta={"command": sys.argv, "settings": settings.model_dump(mode="json"),
+                 "kv_handoff": dataclasses.asdict(kv) | {"gbps": kv.gbps}})
 
 
 @bench_app.command()
@@ -160,7 +171,8 @@ def _workload(
 ) -> Workload:
     """The request factory for ``kind``; raises ConfigError on bad lengths or a missing trace.
 
-    A trace whose entries all carry timestamps is replayed whole, whatever count is asked for.
+    A trace whose entries all carry timestamps is replayed whole, whatever count is asked for; a
+    trace's own prompts are sent as written, to every target (no salt).
     """
     inputs = Lengths.parse(input_tokens, name="--input-tokens")
     outputs = Lengths.parse(output_tokens, name="--output-tokens")
@@ -169,12 +181,13 @@ def _workload(
             raise ConfigError("--workload trace needs --trace FILE")
         entries = replay_trace(trace, model=model, prompts=prompts, seed=seed)
         is_timed = bool(entries) and all(entry.at_s is not None for entry in entries)
-        return lambda count: entries if is_timed else _cycled(entries, count)
+        return lambda count, _salt: entries if is_timed else _cycled(entries, count)
     if kind is WorkloadKind.CHAT:
-        return lambda count: shared_prefix_chat(count, model=model, prefix_tokens=prefix_tokens, turn_tokens=inputs,
-                                                output_tokens=outputs, turns=turns, prompts=prompts, seed=seed)
-    return lambda count: synthetic(count, model=model, input_tokens=inputs, output_tokens=outputs,
-                                   prompts=prompts, seed=seed)
+        return lambda count, salt: shared_prefix_chat(
+            count, model=model, prefix_tokens=prefix_tokens, turn_tokens=inputs, output_tokens=outputs, turns=turns,
+            prompts=prompts, seed=seed, salt=salt)
+    return lambda count, salt: synthetic(count, model=model, input_tokens=inputs, output_tokens=outputs,
+                                         prompts=prompts, seed=seed, salt=salt)
 
 
 def _replay_load(traced: list[BenchRequest]) -> list[Load]:
@@ -189,6 +202,14 @@ def _replay_load(traced: list[BenchRequest]) -> list[Load]:
 
 def _cycled(entries: Sequence[BenchRequest], count: int) -> list[BenchRequest]:
     return [entries[index % len(entries)] for index in range(count)]
+
+
+def _ways(text: str) -> list[Way]:
+    """Comma-separated ways of serving, in the order given; raises ConfigError."""
+    try:
+        return [Way(name.strip()) for name in text.split(",")]
+    except ValueError as exc:
+        raise ConfigError(f"--ways: expected some of {','.join(Way)} ({exc})") from exc
 
 
 def _loads(rate: str | None, concurrency: str | None, *, duration_s: float, seed: int) -> list[Load]:

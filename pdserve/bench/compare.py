@@ -1,11 +1,12 @@
-"""``pdserve bench compare``: start the engines once and run one workload against three ways of
-serving with them, interleaved level by level:
+"""``pdserve bench compare``: start the engines once and run one workload against up to three ways
+of serving with them, interleaved level by level:
 
   direct         whole requests to a single engine
   aggregated     whole requests spread round-robin over all the engines
   disaggregated  pdserve's gateway: prefill on the prefill engines, decode on the decode engines
 
-Every engine runs with its KV connector; whole requests simply never use it.
+Every engine runs with its KV connector; whole requests simply never use it. The decode engines'
+own transfer counters over the whole sweep give the KV handoff bandwidth under load.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 import aiohttp
@@ -28,24 +31,39 @@ from pdserve.engines.supervisor import Supervisor
 from pdserve.errors import BenchFailed
 from pdserve.gateway.app import build_app
 from pdserve.gateway.server import make_server
+from pdserve.pd.transfer_stats import TransferCounters, fetch_counters
 from pdserve.role import Role
 
 _WARM_UP_REQUESTS = 4
 
 
+class Way(StrEnum):
+    """A way of serving with the same engines."""
+
+    DIRECT = "direct"
+    AGGREGATED = "aggregated"
+    DISAGGREGATED = "disaggregated"
+
+
+@dataclass(frozen=True, slots=True)
+class CompareResult:
+    points: list[Point]
+    kv: TransferCounters  # summed over the decode engines, the whole sweep (warm-up excluded)
+
+
 async def run_compare(
-    settings: Settings, loads: Sequence[Load], *, input_tokens: Lengths, output_tokens: Lengths, slo: Slo,
-    timeout_s: float, progress: Callable[[str], None], bar: ProgressBar,
-) -> list[Point]:
-    """Start ``settings``' engines and gateway, sweep ``loads`` over the three targets, stop all."""
+    settings: Settings, loads: Sequence[Load], *, ways: Sequence[Way], input_tokens: Lengths, output_tokens: Lengths,
+    slo: Slo, timeout_s: float, progress: Callable[[str], None], bar: ProgressBar,
+) -> CompareResult:
+    """Start ``settings``' engines and gateway, sweep ``loads`` over ``ways``, stop all."""
     from pdserve.up import resolve_model  # builds the demo model; torch loads slowly
 
     model_path = await resolve_model(settings, progress=progress)
     prompts = prompt_maker(Path(model_path) / "tokenizer.json")
 
-    def workload(count: int) -> list[BenchRequest]:
+    def workload(count: int, salt: int) -> list[BenchRequest]:
         return synthetic(count, model=settings.model.served_name, input_tokens=input_tokens,
-                         output_tokens=output_tokens, prompts=prompts, seed=0)
+                         output_tokens=output_tokens, prompts=prompts, seed=0, salt=salt)
 
     supervisor = Supervisor(settings, model_path=model_path, progress=progress)
     progress(f"starting {len(supervisor.engines)} engine(s)")
@@ -53,23 +71,32 @@ async def run_compare(
         await supervisor.start_all(session)
         try:
             async with _serving_gateway(settings) as gateway_url:
-                targets = _targets(settings, gateway_url)
+                targets = _targets(settings, gateway_url, ways)
                 await _warm_up(targets, prompts=prompts, model=settings.model.served_name)
-                return await sweep(targets, loads, workload=workload, slo=slo, timeout_s=timeout_s, progress=bar)
+                decode_urls = settings.endpoint_urls(Role.DECODE)
+                before = await _kv_counters(session, decode_urls)
+                points = await sweep(targets, loads, workload=workload, slo=slo, timeout_s=timeout_s, progress=bar)
+                kv = (await _kv_counters(session, decode_urls)).since(before)
+                return CompareResult(points=points, kv=kv)
         finally:
             progress("stopping engines ...")
             await supervisor.stop_all()
 
 
-def _targets(settings: Settings, gateway_url: str) -> list[runner.Target]:
+def _targets(settings: Settings, gateway_url: str, ways: Sequence[Way]) -> list[runner.Target]:
     prefill, decode = settings.endpoint_urls(Role.PREFILL), settings.endpoint_urls(Role.DECODE)
     if not prefill or not decode:
         raise BenchFailed("compare needs at least one prefill and one decode engine")
-    return [
-        runner.Target("direct", (decode[0],)),
-        runner.Target("aggregated", tuple(prefill + decode)),
-        runner.Target("disaggregated", (gateway_url,)),
-    ]
+    urls = {Way.DIRECT: (decode[0],), Way.AGGREGATED: tuple(prefill + decode), Way.DISAGGREGATED: (gateway_url,)}
+    return [runner.Target(way.value, urls[way]) for way in ways]
+
+
+async def _kv_counters(session: aiohttp.ClientSession, urls: Sequence[str]) -> TransferCounters:
+    readings = await asyncio.gather(*(fetch_counters(session, url, timeout_s=10.0) for url in urls))
+    total = TransferCounters()
+    for reading in readings:
+        total = total.plus(reading)
+    return total
 
 
 async def _warm_up(targets: Sequence[runner.Target], *, prompts: PromptMaker, model: str) -> None:

@@ -21,7 +21,8 @@ from pdserve.bench.workload import BenchRequest, poisson_arrivals
 # A progress display: given a label and the number of requests (None if open-ended), a context
 # whose value is called once per finished request.
 ProgressBar = Callable[[str, int | None], AbstractContextManager[runner.OnDone]]
-Workload = Callable[[int], list[BenchRequest]]
+# (count, salt) -> requests: the same lengths for every salt, different prompt text.
+Workload = Callable[[int, int], list[BenchRequest]]
 
 
 class Load(Protocol):
@@ -108,12 +109,14 @@ async def sweep(
     targets: Sequence[runner.Target], loads: Sequence[Load], *, workload: Workload, slo: Slo, timeout_s: float,
     progress: ProgressBar,
 ) -> list[Point]:
-    """Every target at every load level; each target gets the very same requests at a level."""
+    """Every target at every load level; at a level, each target gets requests of the same lengths
+    at the same moments, with text of its own (a salt per target and level).
+    """
     points = []
     async with runner.new_session() as session:
-        for load in loads:
-            requests = workload(load.request_count)
-            for target in targets:
+        for level_index, load in enumerate(loads):
+            for target_index, target in enumerate(targets):
+                requests = workload(load.request_count, level_index * len(targets) + target_index)
                 with progress(f"{target.name} @ {load.level:g}", load.planned_requests) as on_done:
                     records = await load.drive(session, target, requests, timeout_s=timeout_s, on_done=on_done)
                 summary = summarize(records, slo=slo, windows=[whole_run(records)])

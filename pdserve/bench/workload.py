@@ -1,7 +1,8 @@
 """What to send and when: request bodies (synthetic, shared-prefix chat, trace replay) and arrival times.
 
-Pure apart from reading a trace file; seeded, so every target of a run gets the same requests
-at the same moments. Output lengths are exact: ``ignore_eos`` with ``max_tokens``.
+Pure apart from reading a trace file; seeded, so every target of a run gets requests of the
+same lengths at the same moments. The prompt text also depends on a ``salt`` (one per target and
+load level), so no engine's prefix cache can answer one target's prefills from another's run. Output lengths are exact: ``ignore_eos`` with ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -57,14 +58,15 @@ def _streamed(body: dict[str, Any], *, output_tokens: int) -> dict[str, Any]:
 
 
 def synthetic(
-    count: int, *, model: str, input_tokens: Lengths, output_tokens: Lengths, prompts: PromptMaker, seed: int
+    count: int, *, model: str, input_tokens: Lengths, output_tokens: Lengths, prompts: PromptMaker, seed: int,
+    salt: int = 0,
 ) -> list[BenchRequest]:
     """``count`` completions with random prompts; lengths drawn per request."""
-    rng = random.Random(seed)
+    lengths, text = _rngs(seed, salt)
     return [
         BenchRequest(COMPLETIONS, _streamed(
-            {"model": model, "prompt": prompts.make(input_tokens.sample(rng), rng=rng)},
-            output_tokens=output_tokens.sample(rng),
+            {"model": model, "prompt": prompts.make(input_tokens.sample(lengths), rng=text)},
+            output_tokens=output_tokens.sample(lengths),
         ))
         for _ in range(count)
     ]
@@ -72,7 +74,7 @@ def synthetic(
 
 def shared_prefix_chat(
     count: int, *, model: str, prefix_tokens: int, turn_tokens: Lengths, output_tokens: Lengths, turns: int,
-    prompts: PromptMaker, seed: int,
+    prompts: PromptMaker, seed: int, salt: int = 0,
 ) -> list[BenchRequest]:
     """Multi-turn conversations that all share one system prompt of ``prefix_tokens``.
 
@@ -80,8 +82,8 @@ def shared_prefix_chat(
     stand-ins of the right length), so later turns share ever longer prefixes. Requests are
     ordered turn by turn across conversations so each conversation's turns arrive in order.
     """
-    rng = random.Random(seed)
-    system = {"role": "system", "content": prompts.make(prefix_tokens, rng=rng)}
+    lengths, text = _rngs(seed, salt)
+    system = {"role": "system", "content": prompts.make(prefix_tokens, rng=text)}
     conversations = max(1, -(-count // turns))
     histories: list[list[dict[str, str]]] = [[system] for _ in range(conversations)]
     requests: list[BenchRequest] = []
@@ -89,12 +91,17 @@ def shared_prefix_chat(
         for history in histories:
             if len(requests) == count:
                 return requests
-            history.append({"role": "user", "content": prompts.make(turn_tokens.sample(rng), rng=rng)})
-            reply_tokens = output_tokens.sample(rng)
+            history.append({"role": "user", "content": prompts.make(turn_tokens.sample(lengths), rng=text)})
+            reply_tokens = output_tokens.sample(lengths)
             body = {"model": model, "messages": list(history)}
             requests.append(BenchRequest(CHAT, _streamed(body, output_tokens=reply_tokens)))
-            history.append({"role": "assistant", "content": prompts.make(reply_tokens, rng=rng)})
+            history.append({"role": "assistant", "content": prompts.make(reply_tokens, rng=text)})
     return requests
+
+
+def _rngs(seed: int, salt: int) -> tuple[random.Random, random.Random]:
+    """One generator for lengths (the same for every salt) and one for the text (per salt)."""
+    return random.Random(seed), random.Random(f"{seed}:{salt}")
 
 
 def replay_trace(path: Path, *, model: str, prompts: PromptMaker, seed: int) -> list[BenchRequest]:

@@ -12,8 +12,9 @@ from pathlib import Path
 import aiohttp
 
 from pdserve.config import Settings
-from pdserve.engines.command import build_engine_command, split_cpus
+from pdserve.engines.command import EngineCommand, build_engine_command, split_cpus
 from pdserve.engines.launcher import EngineProcess
+from pdserve.engines.mps import MpsDaemon, plan_mps, shared_gpus
 from pdserve.errors import EngineStartFailed
 
 log = logging.getLogger(__name__)
@@ -23,10 +24,17 @@ class Supervisor:
     def __init__(self, settings: Settings, *, model_path: str, progress: Callable[[str], None]) -> None:
         self._settings, self._progress = settings, progress
         self._stopping = False
-        self.engines = _plan_engines(settings, model_path=model_path)
+        specs = settings.engine_specs()
+        self.mps = plan_mps(specs, mode=settings.launch.mps, log_dir=Path(settings.launch.log_dir))
+        self.engines = _plan_engines(settings, model_path=model_path, mps=self.mps)
 
     async def start_all(self, session: aiohttp.ClientSession) -> None:
-        """Start every engine at once and wait until all are ready; on any failure stop all."""
+        """Start the MPS daemon if planned, then every engine at once, and wait until all are
+        ready; on any failure stop all.
+        """
+        if self.mps is not None:
+            await self.mps.start()
+            self._progress(f"  {'mps':<10} started  engines sharing a GPU run side by side ({self.mps.pipe_dir})")
         for engine in self.engines:
             await engine.start()
             self._progress(f"  {engine.spec.name:<10} started  pid {engine.pid}, log {engine.log_path}")
@@ -72,10 +80,13 @@ class Supervisor:
     async def stop_all(self) -> None:
         self._stopping = True
         await asyncio.gather(*(engine.stop() for engine in self.engines))
+        if self.mps is not None:
+            await self.mps.stop()
 
 
-def _plan_engines(settings: Settings, *, model_path: str) -> list[EngineProcess]:
+def _plan_engines(settings: Settings, *, model_path: str, mps: MpsDaemon | None) -> list[EngineProcess]:
     specs = settings.engine_specs()
+    on_shared_gpu = shared_gpus(specs)
     cpu_specs = [spec for spec in specs if spec.pool.device == "cpu"]
     auto_binds = iter(split_cpus(sorted(os.sched_getaffinity(0)), len(cpu_specs)))
     log_dir = Path(settings.launch.log_dir)
@@ -86,5 +97,7 @@ def _plan_engines(settings: Settings, *, model_path: str) -> list[EngineProcess]
             spec, model=settings.model, model_path=model_path, kv=settings.kv,
             python=settings.launch.python or sys.executable, host=settings.launch.engine_host, cpu_bind=cpu_bind,
         )
+        if mps is not None and on_shared_gpu & set(spec.gpu_ids):
+            command = EngineCommand(argv=command.argv, env=command.env | mps.env)
         engines.append(EngineProcess(spec, command, log_path=log_dir / f"{spec.name}.log"))
     return engines

@@ -32,10 +32,16 @@ class TransferCounters:
     external_tokens: float = 0.0  # prompt tokens whose KV arrived over the connector
 
     def since(self, earlier: TransferCounters) -> TransferCounters:
+        return self._combine(earlier, sign=-1.0)
+
+    def plus(self, other: TransferCounters) -> TransferCounters:
+        return self._combine(other, sign=1.0)
+
+    def _combine(self, other: TransferCounters, *, sign: float) -> TransferCounters:
         return TransferCounters(
-            bytes=self.bytes - earlier.bytes, seconds=self.seconds - earlier.seconds,
-            transfers=self.transfers - earlier.transfers, failed=self.failed - earlier.failed,
-            external_tokens=self.external_tokens - earlier.external_tokens,
+            bytes=self.bytes + sign * other.bytes, seconds=self.seconds + sign * other.seconds,
+            transfers=self.transfers + sign * other.transfers, failed=self.failed + sign * other.failed,
+            external_tokens=self.external_tokens + sign * other.external_tokens,
         )
 
     @property

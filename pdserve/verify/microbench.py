@@ -3,16 +3,13 @@
 No model and no vLLM. NIXL paths run two agents in two spawned processes, as a prefill and a decode engine do,
 and move the bytes as many block-sized descriptors with scattered block ids (so NIXL cannot merge them), then
 check every byte that arrived. Imports only numpy at module level, so it runs as a plain script on a bare GPU
-machine (`python3 pdserve/verify/microbench.py --help`); torch and nixl load only for the paths that need them.
+machine (`python3 -m pdserve.verify.microbench --help`); torch and nixl load only for the paths that need them.
 """
 
 from __future__ import annotations
 
 import argparse
 import enum
-import multiprocessing as mp
-import multiprocessing.connection as mpc
-import os
 import statistics
 import sys
 import time
@@ -22,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-_SEED = 1 << 40  # added to each int64 word index: every word of the source is unique and never 0 or -1
-_POISON = -1
+SEED = 1 << 40  # added to each int64 word index: every word of the source is unique and never 0 or -1
+POISON = -1
 _WORD_BYTES = 8
 VLLM_NIXL_THREADS = 4  # what vLLM's NixlConnector gives the UCX backend (kv_connector_extra_config num_threads)
 
@@ -133,7 +130,7 @@ def run_microbench(
     """
     if block_bytes <= 0 or block_bytes % _WORD_BYTES or size_bytes % block_bytes:
         raise ValueError(f"size_bytes={size_bytes} must be a multiple of block_bytes={block_bytes}, itself of 8")
-    plan = _Plan(size_bytes=size_bytes, block_bytes=block_bytes, repeats=max(repeats, 1), timeout_s=timeout_s)
+    plan = Plan(size_bytes=size_bytes, block_bytes=block_bytes, repeats=max(repeats, 1), timeout_s=timeout_s)
     needed = {LIMIT_OF[p.kind] for p in paths}
     references = [Path(kind=kind) for kind in PathKind if kind in needed]
     ordered = [r for r in references if r not in paths] + list(paths)
@@ -158,7 +155,7 @@ def format_table(results: Sequence[TransferResult]) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class _Plan:
+class Plan:
     size_bytes: int
     block_bytes: int
     repeats: int
@@ -186,15 +183,15 @@ def _with_limit(result: TransferResult, gbps_of: dict[PathKind, float]) -> Trans
     return result if limit_kind is None else replace(result, limit_gbps=gbps_of.get(limit_kind))
 
 
-def _expected_blocks(plan: _Plan) -> np.ndarray:
+def expected_blocks(plan: Plan) -> np.ndarray:
     perm = plan.permutation()
     words = np.arange(plan.words_per_block, dtype=np.int64)
-    return perm[:, None] * plan.words_per_block + words[None, :] + _SEED
+    return perm[:, None] * plan.words_per_block + words[None, :] + SEED
 
 
-def _measure_host_memcpy(path: Path, plan: _Plan) -> TransferResult:
-    src = np.arange(plan.n_words, dtype=np.int64) + _SEED
-    dst = np.full(plan.n_words, _POISON, dtype=np.int64)
+def _measure_host_memcpy(path: Path, plan: Plan) -> TransferResult:
+    src = np.arange(plan.n_words, dtype=np.int64) + SEED
+    dst = np.full(plan.n_words, POISON, dtype=np.int64)
     np.copyto(dst, src)  # warm-up: page faults stay out of the timing
     samples = []
     for _ in range(plan.repeats):
@@ -218,19 +215,19 @@ def _time_cuda(torch: Any, repeats: int, copy: Callable[[], object]) -> float:
     return statistics.median(samples)
 
 
-def _measure_cuda_local(path: Path, plan: _Plan) -> TransferResult:
+def _measure_cuda_local(path: Path, plan: Plan) -> TransferResult:
     import torch
 
     on_device = {PathKind.DEVICE_COPY: ("cuda", "cuda"), PathKind.PINNED_H2D: ("cpu", "cuda")}
     src_device, dst_device = on_device.get(path.kind, ("cuda", "cpu"))
-    src = _pattern_torch(torch, plan.n_words, src_device)
-    dst = torch.full((plan.n_words,), _POISON, dtype=torch.int64, device=dst_device, pin_memory=dst_device == "cpu")
+    src = pattern_torch(torch, plan.n_words, src_device)
+    dst = torch.full((plan.n_words,), POISON, dtype=torch.int64, device=dst_device, pin_memory=dst_device == "cpu")
     seconds = _time_cuda(torch, plan.repeats, lambda: dst.copy_(src, non_blocking=True))
     return TransferResult(path, plan.size_bytes, seconds, 1, bool(torch.equal(dst.cpu(), src.cpu())))
 
 
-def _pattern_torch(torch: Any, n_words: int, device: str) -> Any:
-    pattern = torch.arange(n_words, dtype=torch.int64, device=device) + _SEED
+def pattern_torch(torch: Any, n_words: int, device: str) -> Any:
+    pattern = torch.arange(n_words, dtype=torch.int64, device=device) + SEED
     return pattern.pin_memory() if device == "cpu" else pattern
 
 
@@ -238,12 +235,12 @@ def _share_cuda_pattern(queue: Any, finished: Any, n_words: int) -> None:
     import torch
     import torch.multiprocessing  # registers the reductions that send CUDA tensors as IPC handles
 
-    pattern = _pattern_torch(torch, n_words, "cuda")  # held until the consumer is done with its mapping
+    pattern = pattern_torch(torch, n_words, "cuda")  # held until the consumer is done with its mapping
     queue.put(pattern)
     finished.wait()
 
 
-def _measure_cuda_ipc(path: Path, plan: _Plan) -> TransferResult:
+def _measure_cuda_ipc(path: Path, plan: Plan) -> TransferResult:
     import torch
     import torch.multiprocessing as tmp
 
@@ -253,156 +250,35 @@ def _measure_cuda_ipc(path: Path, plan: _Plan) -> TransferResult:
     producer.start()
     try:
         shared = queue.get(timeout=plan.timeout_s)
-        dst = torch.full((plan.n_words,), _POISON, dtype=torch.int64, device="cuda")
+        dst = torch.full((plan.n_words,), POISON, dtype=torch.int64, device="cuda")
         if path.kind is PathKind.CUDA_IPC:
             seconds = _time_cuda(torch, plan.repeats, lambda: dst.copy_(shared))
             return TransferResult(path, plan.size_bytes, seconds, 1, bool(torch.equal(dst, shared)))
         perm = torch.from_numpy(plan.permutation()).cuda()
         src_blocks, dst_blocks = shared.view(plan.n_blocks, -1), dst.view(plan.n_blocks, -1)
         seconds = _time_cuda(torch, plan.repeats, lambda: torch.index_select(src_blocks, 0, perm, out=dst_blocks))
-        expected = torch.from_numpy(_expected_blocks(plan)).cuda()
+        expected = torch.from_numpy(expected_blocks(plan)).cuda()
         return TransferResult(path, plan.size_bytes, seconds, plan.n_blocks, bool(torch.equal(dst_blocks, expected)))
     finally:
         finished.set()
         producer.join(timeout=10)
 
 
-def _measure_nixl(path: Path, plan: _Plan) -> TransferResult:
-    """Run a target agent and an initiator agent in two spawned processes; this process only relays metadata."""
-    ctx = mp.get_context("spawn")
-    target_conn, target_end = ctx.Pipe()
-    initiator_conn, initiator_end = ctx.Pipe()
-    target = ctx.Process(target=_run_agent, args=(target_end, path, plan, False), daemon=True)
-    initiator = ctx.Process(target=_run_agent, args=(initiator_end, path, plan, True), daemon=True)
-    target.start()
-    initiator.start()
-    try:
-        initiator_conn.send(_receive(target_conn, plan.timeout_s))
-        seconds, descriptors, initiator_ok = _receive(initiator_conn, plan.timeout_s)
-        target_conn.send("finish")
-        target_ok = _receive(target_conn, plan.timeout_s)
-        return TransferResult(path, plan.size_bytes, seconds, descriptors, bool(initiator_ok and target_ok))
-    except (RuntimeError, TimeoutError, EOFError) as exc:
-        return TransferResult(path, plan.size_bytes, float("inf"), plan.n_blocks, False, error=str(exc))
-    finally:
-        for process in (initiator, target):
-            process.join(timeout=5)
-            if process.is_alive():
-                process.kill()
+def _measure_nixl_pair(path: Path, plan: Plan) -> TransferResult:
+    from pdserve.verify.nixl_pair import measure_nixl  # loads nixl only for the paths that need it
+
+    return measure_nixl(path, plan)
 
 
-def _receive(conn: mpc.Connection, timeout_s: float) -> Any:
-    if not conn.poll(timeout_s):
-        raise TimeoutError(f"no answer from a NIXL agent process within {timeout_s:.0f} s")
-    is_ok, payload = conn.recv()
-    if not is_ok:
-        raise RuntimeError(payload)
-    return payload
-
-
-def _run_agent(conn: mpc.Connection, path: Path, plan: _Plan, is_initiator: bool) -> None:
-    """One agent process: the target serves its buffer, the initiator posts the transfers and times them."""
-    try:
-        os.environ.update(dict(path.env))  # before NIXL loads: UCX reads its configuration when the backend starts
-        agent = _Agent(path, plan, name="initiator" if is_initiator else "target")
-        is_source = is_initiator == (path.operation is Operation.WRITE)
-        agent.fill(is_source=is_source)
-        if is_initiator:
-            remote_metadata, remote_address = conn.recv()
-            seconds = agent.time_transfers(remote_metadata, remote_address)
-            conn.send((True, (seconds, plan.n_blocks, is_source or agent.is_correct())))
-        else:
-            conn.send((True, (agent.metadata(), agent.address)))
-            conn.recv()
-            conn.send((True, is_source or agent.is_correct()))
-    except Exception as exc:  # reported to the parent, which records the path as failed
-        conn.send((False, f"{type(exc).__name__}: {exc}"))
-        raise
-
-
-class _Agent:
-    """A NIXL agent that owns one registered buffer of the plan's size, in DRAM (numpy) or VRAM (torch)."""
-
-    def __init__(self, path: Path, plan: _Plan, *, name: str) -> None:
-        from nixl._api import nixl_agent, nixl_agent_config
-
-        self.path, self.plan = path, plan
-        self.is_vram = path.kind is PathKind.NIXL_VRAM
-        self.buffer: Any  # np.ndarray in DRAM, torch.Tensor in VRAM
-        self.torch: Any = None
-        self.mem_type = "VRAM" if self.is_vram else "DRAM"
-        if self.is_vram:
-            import torch
-
-            self.torch = torch
-            self.buffer = torch.full((plan.n_words,), _POISON, dtype=torch.int64, device="cuda")
-            self.address, self.device_id = self.buffer.data_ptr(), self.buffer.device.index or 0
-        else:
-            self.buffer = np.full(plan.n_words, _POISON, dtype=np.int64)
-            self.address, self.device_id = self.buffer.ctypes.data, 0
-        config = nixl_agent_config(backends=[path.backend], num_threads=path.num_threads)
-        self.agent = nixl_agent(name, config)
-        regions = [(self.address, plan.size_bytes, self.device_id, "")]
-        self.agent.register_memory(self.agent.get_reg_descs(regions, self.mem_type), backends=[path.backend])
-
-    def metadata(self) -> bytes:
-        return bytes(self.agent.get_agent_metadata())
-
-    def fill(self, *, is_source: bool) -> None:
-        if is_source and self.is_vram:
-            self.buffer.copy_(_pattern_torch(self.torch, self.plan.n_words, "cuda"))
-            self.torch.cuda.synchronize()
-        elif is_source:
-            self.buffer[:] = np.arange(self.plan.n_words, dtype=np.int64) + _SEED
-
-    def descriptors(self, address: int) -> np.ndarray:
-        out = np.empty((self.plan.n_blocks, 3), dtype=np.uint64)
-        out[:, 0] = address + np.arange(self.plan.n_blocks, dtype=np.uint64) * self.plan.block_bytes
-        out[:, 1] = self.plan.block_bytes
-        out[:, 2] = self.device_id
-        return out
-
-    def time_transfers(self, remote_metadata: bytes, remote_address: int) -> float:
-        """Warm up once (connection, memory-handle mapping), then time make_prepped_xfer + post + completion."""
-        remote_name = self.agent.add_remote_agent(remote_metadata)
-        local = self.agent.prep_xfer_dlist("NIXL_INIT_AGENT", self.descriptors(self.address), self.mem_type)
-        remote = self.agent.prep_xfer_dlist(remote_name, self.descriptors(remote_address), self.mem_type)
-        perm = self.plan.permutation().astype(np.int32)
-        identity = np.arange(self.plan.n_blocks, dtype=np.int32)
-        # Destination block i always receives source block perm[i].
-        local_ids, remote_ids = (identity, perm) if self.path.operation is Operation.READ else (perm, identity)
-        samples = []
-        for repeat in range(self.plan.repeats + 1):
-            start = time.perf_counter()
-            handle = self.agent.make_prepped_xfer(self.path.operation.value, local, local_ids, remote, remote_ids)
-            state = self.agent.transfer(handle)
-            while state == "PROC":
-                state = self.agent.check_xfer_state(handle)
-            if state != "DONE":
-                raise RuntimeError(f"NIXL transfer ended in state {state}")
-            samples.append(time.perf_counter() - start)
-            handle.release()
-            if time.perf_counter() - start > self.plan.timeout_s / (self.plan.repeats + 1):
-                break  # a path this slow gets one timed sample rather than a timeout
-        return statistics.median(samples[1:] or samples)
-
-    def is_correct(self) -> bool:
-        expected = _expected_blocks(self.plan)
-        if self.is_vram:
-            received = self.buffer.view(self.plan.n_blocks, -1)
-            return bool(self.torch.equal(received, self.torch.from_numpy(expected).to(received.device)))
-        return bool(np.array_equal(self.buffer.reshape(self.plan.n_blocks, -1), expected))
-
-
-_MEASURE: dict[PathKind, Callable[[Path, _Plan], TransferResult]] = {
+_MEASURE: dict[PathKind, Callable[[Path, Plan], TransferResult]] = {
     PathKind.HOST_MEMCPY: _measure_host_memcpy,
-    PathKind.NIXL_DRAM: _measure_nixl,
+    PathKind.NIXL_DRAM: _measure_nixl_pair,
     PathKind.DEVICE_COPY: _measure_cuda_local,
     PathKind.PINNED_H2D: _measure_cuda_local,
     PathKind.PINNED_D2H: _measure_cuda_local,
     PathKind.CUDA_IPC: _measure_cuda_ipc,
     PathKind.CUDA_IPC_GATHER: _measure_cuda_ipc,
-    PathKind.NIXL_VRAM: _measure_nixl,
+    PathKind.NIXL_VRAM: _measure_nixl_pair,
 }
 
 
@@ -435,4 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Through the package, not this __main__ copy: nixl_pair compares against the package's enums.
+    from pdserve.verify.microbench import main as package_main
+
+    sys.exit(package_main())

@@ -49,6 +49,21 @@ def test_same_seed_gives_every_target_the_same_requests() -> None:
     assert make() == make()
 
 
+def test_a_salt_changes_the_text_but_not_the_lengths() -> None:
+    """Each target gets its own text, so one engine's prefix cache cannot serve another target's run."""
+    def make(salt: int) -> list[BenchRequest]:
+        return synthetic(8, model="m", input_tokens=Lengths(5, 50), output_tokens=Lengths(1, 9),
+                         prompts=WordPrompts(), seed=4, salt=salt)
+
+    first, second = make(0), make(1)
+    assert [len(r.body["prompt"].split()) for r in first] == [len(r.body["prompt"].split()) for r in second]
+    assert [r.body["max_tokens"] for r in first] == [r.body["max_tokens"] for r in second]
+    assert not {r.body["prompt"] for r in first} & {r.body["prompt"] for r in second}
+    chats = [shared_prefix_chat(4, model="m", prefix_tokens=30, turn_tokens=Lengths(5, 5), output_tokens=Lengths(4, 4),
+                                turns=2, prompts=WordPrompts(), seed=0, salt=salt) for salt in (0, 1)]
+    assert chats[0][0].body["messages"][0] != chats[1][0].body["messages"][0]  # its own system prompt
+
+
 def test_chat_conversations_share_the_system_prompt_and_grow_turn_by_turn() -> None:
     requests = shared_prefix_chat(6, model="m", prefix_tokens=30, turn_tokens=Lengths(5, 5),
                                   output_tokens=Lengths(4, 4), turns=3, prompts=WordPrompts(), seed=0)

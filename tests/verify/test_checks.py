@@ -28,6 +28,7 @@ def test_engine_counters_parse_from_vllm_metrics() -> None:
     assert counters == TransferCounters(bytes=2e6, seconds=0.001, transfers=2, failed=0, external_tokens=1000)
     assert counters.gbps == 2.0
     assert counters.since(TransferCounters(bytes=1e6, seconds=0.0005, transfers=1)).bytes == 1e6
+    assert counters.plus(counters) == TransferCounters(bytes=4e6, seconds=0.002, transfers=4, external_tokens=2000)
 
 
 def test_fast_transfer_of_the_whole_prompt_passes() -> None:

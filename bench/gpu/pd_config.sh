@@ -1,0 +1,16 @@
+# Sourced by the GPU scripts: writes the Qwen3-8B-shaped model folder (/tmp/q8b, dummy weights)
+# and the pdserve config /tmp/pd.yaml for PREFILL_GPU, DECODE_GPU and MEM (GPU memory share).
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+PREFILL_GPU=${PREFILL_GPU:-0} DECODE_GPU=${DECODE_GPU:-0} MEM=${MEM:-0.4}
+python3 -c "import sys; sys.path.insert(0, 'bench/gpu'); from pathlib import Path; \
+from handoff import QWEN3_8B, write_model_dir; write_model_dir(Path('/tmp/q8b'), QWEN3_8B)"
+# A fixed 32 GiB of KV cache per engine, no torch.compile, full CUDA graphs for decode batches up to 256.
+ENGINE='["--load-format", "dummy", '${BLOCK:+"\"--block-size\", \"$BLOCK\", "}' "--gpu-memory-utilization", "'$MEM'", "--kv-cache-memory-bytes", "34359738368",
+  "--compilation-config",
+  "{\"mode\":0,\"cudagraph_mode\":\"FULL_DECODE_ONLY\",\"cudagraph_capture_sizes\":[1,2,4,8,16,24,32,48,64,96,128,192,256]}"]'
+cat > /tmp/pd.yaml <<YAML
+model: {path: /tmp/q8b, served_name: qwen3-8b, max_model_len: 8192}
+prefill: {device: cuda, gpu_ids: [$PREFILL_GPU], extra_args: $ENGINE}
+decode: {device: cuda, gpu_ids: [$DECODE_GPU], extra_args: $ENGINE}
+launch: {log_dir: /tmp/pdlogs, ready_timeout_s: 420}
+YAML
