@@ -5,7 +5,8 @@ PREFILL_GPU=${PREFILL_GPU:-0} DECODE_GPU=${DECODE_GPU:-0} MEM=${MEM:-0.4}
 python3 -c "import sys; sys.path.insert(0, 'bench/gpu'); from pathlib import Path; \
 from handoff import QWEN3_8B, write_model_dir; write_model_dir(Path('/tmp/q8b'), QWEN3_8B)"
 # A fixed 32 GiB of KV cache per engine, no torch.compile, full CUDA graphs for decode batches up to 256.
-ENGINE='["--load-format", "dummy", '${BLOCK:+"\"--block-size\", \"$BLOCK\", "}' "--gpu-memory-utilization", "'$MEM'", "--kv-cache-memory-bytes", "34359738368",
+# pdserve adds --block-size 128 to GPU engines itself, and starts CUDA MPS when both share a GPU.
+ENGINE='["--load-format", "dummy", "--gpu-memory-utilization", "'$MEM'", "--kv-cache-memory-bytes", "34359738368",
   "--compilation-config",
   "{\"mode\":0,\"cudagraph_mode\":\"FULL_DECODE_ONLY\",\"cudagraph_capture_sizes\":[1,2,4,8,16,24,32,48,64,96,128,192,256]}"]'
 cat > /tmp/pd.yaml <<YAML

@@ -39,6 +39,19 @@ def test_gpu_engines_are_pinned_and_read_over_cuda_ipc() -> None:
     assert decode_argv[-1] == "--enforce-eager"
 
 
+def test_gpu_engines_get_large_kv_blocks_unless_told_otherwise() -> None:
+    def block_sizes(tree: dict[str, object]) -> list[str | None]:
+        return [argv[argv.index("--block-size") + 1] if "--block-size" in argv else None
+                for argv, _env in commands(tree)]
+
+    gpu = {"device": "cuda", "gpu_ids": [0]}
+    assert block_sizes({"prefill": gpu, "decode": gpu}) == ["128", "128"]
+    assert block_sizes({}) == [None, None]  # CPU engines keep vLLM's default
+    assert block_sizes({"prefill": gpu, "decode": gpu, "kv": {"block_size": 64}}) == ["64", "64"]
+    own = {**gpu, "extra_args": ["--block-size", "32"]}
+    assert block_sizes({"prefill": own, "decode": own}) == ["32", "32"]  # once, the user's
+
+
 def test_split_cpus_gives_each_engine_its_own_cores() -> None:
     assert split_cpus([0, 1], 2) == ["0", "1"]
     assert split_cpus([0, 1, 2, 3, 4], 2) == ["0,1", "2,3"]
