@@ -90,6 +90,8 @@ class GatewaySpec(_Frozen):
     unhealthy_after_failures: int = Field(3, ge=1, description="failed probes in a row to eject")
     slow_handoff_warn_s: float = Field(1.0, gt=0, description="warn when a KV handoff is slower")
     slow_kv_gbps: float = Field(0.5, gt=0, description="warn when engines move KV slower than this")
+    slow_kv_min_ms: float = Field(10.0, ge=0, description=(
+        "but not when transfers take less than this on average: small ones are latency-bound"))
     kv_scrape_interval_s: float = Field(5.0, gt=0, description="how often engines' KV counters are read")
 
 

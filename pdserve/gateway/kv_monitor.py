@@ -17,14 +17,19 @@ from pdserve.routing.pool import Pool
 log = logging.getLogger(__name__)
 
 
-def check_window(url: str, window: TransferCounters, *, slow_kv_gbps: float) -> str | None:
-    """A warning for one scrape window of one engine, or None when it looks fine. Pure."""
+def check_window(url: str, window: TransferCounters, *, slow_kv_gbps: float, min_ms: float) -> str | None:
+    """A warning for one scrape window of one engine, or None when it looks fine. Pure.
+
+    A few short prompts' KV (0.1 MB) moves at a low GB/s because each transfer costs a fixed
+    latency; only transfers that also take ``min_ms`` or more on average count as slow.
+    """
     if window.failed > 0:
         return f"decode engine {url}: {window.failed:.0f} KV transfer(s) FAILED; run `pdserve verify`"
-    if window.transfers > 0 and window.gbps < slow_kv_gbps:
+    average_ms = window.seconds / window.transfers * 1000 if window.transfers > 0 else 0.0
+    if window.transfers > 0 and window.gbps < slow_kv_gbps and average_ms >= min_ms:
         return (f"SLOW KV transfer path to decode engine {url}: {window.transfers:.0f} transfer(s), "
-                f"{window.bytes / 1e6:.1f} MB at {window.gbps:.3g} GB/s (< {slow_kv_gbps:g} GB/s); "
-                "run `pdserve verify`")
+                f"{window.bytes / 1e6:.1f} MB at {window.gbps:.3g} GB/s (< {slow_kv_gbps:g} GB/s), "
+                f"{average_ms:.0f} ms each; run `pdserve verify`")
     return None
 
 
@@ -39,7 +44,8 @@ async def watch(session: aiohttp.ClientSession, pool: Pool, collector: EngineKVC
                 continue
             previous = collector.latest.get(endpoint.url)
             collector.latest[endpoint.url] = counters
-            warning = previous and check_window(endpoint.url, counters.since(previous), slow_kv_gbps=spec.slow_kv_gbps)
+            warning = previous and check_window(endpoint.url, counters.since(previous), slow_kv_gbps=spec.slow_kv_gbps,
+                                                min_ms=spec.slow_kv_min_ms)
             if warning:
                 log.warning("%s", warning)
         await asyncio.sleep(spec.kv_scrape_interval_s)

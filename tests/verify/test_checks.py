@@ -73,7 +73,12 @@ def test_backends_and_read_transports_come_from_engine_logs() -> None:
 
 
 def test_gateway_warns_on_slow_or_failed_engine_windows() -> None:
-    assert check_window("u", TransferCounters(bytes=1e6, seconds=1.0, transfers=1), slow_kv_gbps=0.5)
-    assert "FAILED" in (check_window("u", TransferCounters(failed=1), slow_kv_gbps=0.5) or "")
-    assert check_window("u", TransferCounters(bytes=1e9, seconds=0.1, transfers=1), slow_kv_gbps=0.5) is None
-    assert check_window("u", TransferCounters(), slow_kv_gbps=0.5) is None
+    def check(counters: TransferCounters) -> str | None:
+        return check_window("u", counters, slow_kv_gbps=0.5, min_ms=10.0)
+
+    assert "1000 ms each" in (check(TransferCounters(bytes=1e6, seconds=1.0, transfers=1)) or "")
+    assert "FAILED" in (check(TransferCounters(failed=1)) or "")
+    assert check(TransferCounters(bytes=1e9, seconds=0.1, transfers=1)) is None
+    assert check(TransferCounters()) is None
+    # short prompts: 0.1 MB in 5 ms is 0.02 GB/s, but no request waited long for it
+    assert check(TransferCounters(bytes=1e5, seconds=0.005, transfers=1)) is None
