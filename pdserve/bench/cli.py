@@ -116,7 +116,7 @@ def compare(
     ))
     kv = result.kv
     _say(f"KV handoff over the sweep (decode engines' own counters): {kv.transfers:.0f} transfers, "
-         f"{kv.bytes / 1e9:.2f} GB in {kv.seconds:.3f} s = {kv.gbps:.1f} GB/s, {kv.failed:.0f} failed")
+         f"{kv.bytes / 1e6:.1f} MB in {kv.seconds:.3f} s = {kv.gbps:.3g} GB/s, {kv.failed:.0f} failed")
     _write(result.points, out=out, load_name="rate", slo=slo,
            title=f"pdserve bench compare ({config.name if config else 'CPU demo'})",
            meta={"command": sys.argv, "settings": settings.model_dump(mode="json"),
