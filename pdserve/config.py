@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pdserve.errors import ConfigError
 from pdserve.role import Role
@@ -107,6 +107,12 @@ class LaunchSpec(_Frozen):
     restart_backoff_s: float = Field(2.0, gt=0, description="first restart delay, doubled each time")
     mps: MpsMode = Field("auto", description=(
         "CUDA MPS daemon when engines share a GPU; auto = if nvidia-cuda-mps-control is installed"))
+
+    @field_validator("mps", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: object) -> object:
+        """YAML reads a bare on/off as a boolean."""
+        return ("on" if value else "off") if isinstance(value, bool) else value
 
 
 class EngineSpec(_Frozen):

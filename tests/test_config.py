@@ -63,3 +63,9 @@ def test_port_clash_and_missing_gpus_are_rejected() -> None:
         parse_settings({"prefill": {"base_port": 8000}}, source="t")
     with pytest.raises(ConfigError, match="gpu_ids needs 2"):
         parse_settings({"prefill": {"base_port": 8100, "device": "cuda", "engines": 2, "gpu_ids": [0]}}, source="t")
+
+
+def test_bare_yaml_on_and_off_mean_the_mps_modes(tmp_path: Path) -> None:
+    for text, mode in (("off", "off"), ("on", "on"), ("auto", "auto")):
+        (tmp_path / "c.yaml").write_text(f"launch: {{mps: {text}}}\n")
+        assert load_settings(tmp_path / "c.yaml").launch.mps == mode

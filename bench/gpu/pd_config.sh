@@ -1,5 +1,5 @@
 # Sourced by the GPU scripts: writes the Qwen3-8B-shaped model folder (/tmp/q8b, dummy weights)
-# and the pdserve config /tmp/pd.yaml for PREFILL_GPU, DECODE_GPU and MEM (GPU memory share).
+# and the pdserve config /tmp/pd.yaml for PREFILL_GPU, DECODE_GPU, MEM (GPU memory share) and MPS (auto, on, off).
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 PREFILL_GPU=${PREFILL_GPU:-0} DECODE_GPU=${DECODE_GPU:-0} MEM=${MEM:-0.4}
 python3 -c "import sys; sys.path.insert(0, 'bench/gpu'); from pathlib import Path; \
@@ -13,5 +13,5 @@ cat > /tmp/pd.yaml <<YAML
 model: {path: /tmp/q8b, served_name: qwen3-8b, max_model_len: 8192}
 prefill: {device: cuda, gpu_ids: [$PREFILL_GPU], extra_args: $ENGINE}
 decode: {device: cuda, gpu_ids: [$DECODE_GPU], extra_args: $ENGINE}
-launch: {log_dir: /tmp/pdlogs, ready_timeout_s: 420}
+launch: {log_dir: /tmp/pdlogs, ready_timeout_s: 420, mps: "${MPS:-auto}"}
 YAML
