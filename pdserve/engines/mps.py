@@ -35,8 +35,12 @@ def shared_gpus(specs: Sequence[EngineSpec]) -> set[int]:
 
 @dataclass(frozen=True, slots=True)
 class MpsDaemon:
+    gpus: frozenset[int]  # the shared GPUs: engines placed on any of them are its clients
     pipe_dir: Path  # short, under /tmp: the daemon's unix socket path must fit in 108 bytes
     log_dir: Path
+
+    def serves(self, spec: EngineSpec) -> bool:
+        return bool(self.gpus & set(spec.gpu_ids))
 
     @property
     def env(self) -> dict[str, str]:
@@ -78,4 +82,4 @@ def plan_mps(specs: Sequence[EngineSpec], *, mode: MpsMode, log_dir: Path) -> Mp
                     "roughly doubles the prefill leg under load (docs/transport.md)", sorted(shared), MPS_CONTROL)
         return None
     pipe_dir = Path(tempfile.gettempdir()) / f"pdserve-mps-{os.getpid()}"
-    return MpsDaemon(pipe_dir=pipe_dir, log_dir=log_dir / "mps")
+    return MpsDaemon(gpus=frozenset(shared), pipe_dir=pipe_dir, log_dir=log_dir / "mps")

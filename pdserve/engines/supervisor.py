@@ -11,10 +11,10 @@ from pathlib import Path
 
 import aiohttp
 
-from pdserve.config import Settings
+from pdserve.config import EngineSpec, Settings
 from pdserve.engines.command import EngineCommand, build_engine_command, split_cpus
 from pdserve.engines.launcher import EngineProcess
-from pdserve.engines.mps import MpsDaemon, plan_mps, shared_gpus
+from pdserve.engines.mps import MpsDaemon, plan_mps
 from pdserve.errors import EngineStartFailed
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ class Supervisor:
         self._stopping = False
         specs = settings.engine_specs()
         self.mps = plan_mps(specs, mode=settings.launch.mps, log_dir=Path(settings.launch.log_dir))
-        self.engines = _plan_engines(settings, model_path=model_path, mps=self.mps)
+        self.engines = _plan_engines(settings, specs, model_path=model_path, mps=self.mps)
 
     async def start_all(self, session: aiohttp.ClientSession) -> None:
         """Start the MPS daemon if planned, then every engine at once, and wait until all are
@@ -84,9 +84,9 @@ class Supervisor:
             await self.mps.stop()
 
 
-def _plan_engines(settings: Settings, *, model_path: str, mps: MpsDaemon | None) -> list[EngineProcess]:
-    specs = settings.engine_specs()
-    on_shared_gpu = shared_gpus(specs)
+def _plan_engines(
+    settings: Settings, specs: list[EngineSpec], *, model_path: str, mps: MpsDaemon | None
+) -> list[EngineProcess]:
     cpu_specs = [spec for spec in specs if spec.pool.device == "cpu"]
     auto_binds = iter(split_cpus(sorted(os.sched_getaffinity(0)), len(cpu_specs)))
     log_dir = Path(settings.launch.log_dir)
@@ -97,7 +97,7 @@ def _plan_engines(settings: Settings, *, model_path: str, mps: MpsDaemon | None)
             spec, model=settings.model, model_path=model_path, kv=settings.kv,
             python=settings.launch.python or sys.executable, host=settings.launch.engine_host, cpu_bind=cpu_bind,
         )
-        if mps is not None and on_shared_gpu & set(spec.gpu_ids):
+        if mps is not None and mps.serves(spec):
             command = EngineCommand(argv=command.argv, env=command.env | mps.env)
         engines.append(EngineProcess(spec, command, log_path=log_dir / f"{spec.name}.log"))
     return engines
