@@ -10,6 +10,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -50,7 +51,17 @@ class PoolSpec(_Frozen):
     kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE for CPU engines")
     extra_args: list[str] = Field(default_factory=list, description="extra vLLM CLI args")
     env: dict[str, str] = Field(default_factory=dict, description="extra engine env vars")
-    urls: list[str] = Field(default_factory=list, description="already-running engines")
+    urls: list[str] = Field(default_factory=list, description="already-running engines, http://host:port")
+
+    @field_validator("urls")
+    @classmethod
+    def _plain_http_origins(cls, urls: list[str]) -> list[str]:
+        """The gateway's engine client speaks plain HTTP/1.1 and appends /v1/... itself."""
+        for url in urls:
+            parts = urlsplit(url)
+            if parts.scheme != "http" or not parts.hostname or parts.path.strip("/") or parts.query:
+                raise ValueError(f"{url!r} is not of the form http://host:port")
+        return [url.rstrip("/") for url in urls]
 
     @model_validator(mode="after")
     def _check_gpus(self) -> PoolSpec:

@@ -47,9 +47,9 @@ class NoHealthyEndpoint(PdserveError):
 
 
 class LegFailed(PdserveError):
-    def __init__(self, role: Role, url: str, status: int | None, detail: str) -> None:
+    def __init__(self, role: Role, url: str, status: int | None, detail: str, *, is_timeout: bool = False) -> None:
         super().__init__(f"{role.value} leg to {url} failed (status={status}): {detail}")
-        self.role, self.url, self.status = role, url, status
+        self.role, self.url, self.status, self.is_timeout = role, url, status, is_timeout
 
 
 class EngineStartFailed(PdserveError):

@@ -69,3 +69,11 @@ def test_bare_yaml_on_and_off_mean_the_mps_modes(tmp_path: Path) -> None:
     for text, mode in (("off", "off"), ("on", "on"), ("auto", "auto")):
         (tmp_path / "c.yaml").write_text(f"launch: {{mps: {text}}}\n")
         assert load_settings(tmp_path / "c.yaml").launch.mps == mode
+
+
+def test_engine_urls_must_be_plain_http_origins() -> None:
+    settings = parse_settings({"prefill": {"engines": 0, "urls": ["http://10.0.0.5:8100/"]}}, source="test")
+    assert settings.endpoint_urls(Role.PREFILL) == ["http://10.0.0.5:8100"]
+    for bad in ("https://10.0.0.5:8100", "10.0.0.5:8100", "http://10.0.0.5:8100/v1"):
+        with pytest.raises(ConfigError, match="prefill.urls"):
+            parse_settings({"prefill": {"engines": 0, "urls": [bad]}}, source="test")

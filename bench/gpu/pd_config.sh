@@ -1,5 +1,6 @@
 # Sourced by the GPU scripts: writes the Qwen3-8B-shaped model folder (/tmp/q8b, dummy weights)
-# and the pdserve config /tmp/pd.yaml for PREFILL_GPU, DECODE_GPU, MEM (GPU memory share) and MPS (auto, on, off).
+# and the pdserve config /tmp/pd.yaml for PREFILL_GPU, DECODE_GPU, MEM (GPU memory share), MPS (auto, on, off)
+# and KV_BLOCK (tokens per KV block; unset: pdserve's GPU default, 128).
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 PREFILL_GPU=${PREFILL_GPU:-0} DECODE_GPU=${DECODE_GPU:-0} MEM=${MEM:-0.4}
 python3 -c "import sys; sys.path.insert(0, 'bench/gpu'); from pathlib import Path; \
@@ -15,3 +16,4 @@ prefill: {device: cuda, gpu_ids: [$PREFILL_GPU], extra_args: $ENGINE}
 decode: {device: cuda, gpu_ids: [$DECODE_GPU], extra_args: $ENGINE}
 launch: {log_dir: /tmp/pdlogs, ready_timeout_s: 420, mps: "${MPS:-auto}"}
 YAML
+[ -n "${KV_BLOCK:-}" ] && echo "kv: {block_size: $KV_BLOCK}" >> /tmp/pd.yaml

@@ -62,12 +62,21 @@ class MpsDaemon:
             log.warning("%s quit failed (exit %s): %s", MPS_CONTROL, code, output)
 
     async def _control(self, *args: str, stdin: str = "") -> tuple[int, str]:
-        process = await asyncio.create_subprocess_exec(
-            MPS_CONTROL, *args, env={**os.environ, **self.env}, stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )
-        output, _ = await asyncio.wait_for(process.communicate(stdin.encode()), timeout=30)
-        return process.returncode or 0, output.decode(errors="replace").strip()
+        """Run the control binary; returns its exit code and what it printed.
+
+        Its output goes to a file, not a pipe: with ``-d`` the daemon it forks keeps the
+        inherited stdout open, so a pipe would never reach end-of-file (found on an H200).
+        """
+        output_path = self.log_dir / "control.log"
+        with output_path.open("ab") as output:
+            start = output.tell()
+            process = await asyncio.create_subprocess_exec(
+                MPS_CONTROL, *args, env={**os.environ, **self.env}, stdin=asyncio.subprocess.PIPE,
+                stdout=output, stderr=asyncio.subprocess.STDOUT,
+            )
+            await asyncio.wait_for(process.communicate(stdin.encode()), timeout=30)
+        printed = output_path.read_bytes()[start:].decode(errors="replace").strip()
+        return process.returncode or 0, printed
 
 
 def plan_mps(specs: Sequence[EngineSpec], *, mode: MpsMode, log_dir: Path) -> MpsDaemon | None:

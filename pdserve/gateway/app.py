@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -18,8 +19,9 @@ import aiohttp
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from pdserve.config import Settings
 from pdserve.errors import BadRequest, LegFailed, NoHealthyEndpoint, PdserveError, UpstreamRejected
@@ -27,6 +29,7 @@ from pdserve.gateway import kv_monitor
 from pdserve.gateway.disconnect import ClientDisconnected, DisconnectGuard
 from pdserve.gateway.metrics import GatewayMetrics
 from pdserve.gateway.orchestrator import Call, Mode, Orchestrator, Reply
+from pdserve.pd.engine_http import EngineClient
 from pdserve.protocol import (
     PD_MODE_HEADER,
     REQUEST_ID_HEADER,
@@ -43,31 +46,10 @@ from pdserve.routing.pool import Pool
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
+_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,256}")
 SCHEMAS: dict[str, type[ChatRequest | CompletionRequest]] = {
     "/v1/completions": CompletionRequest, "/v1/chat/completions": ChatRequest,
 }
-
-
-class RelayResponse(StreamingResponse):
-    """An SSE response that releases the decode leg however the stream ends.
-
-    Streams in the request's own task under a DisconnectGuard instead of Starlette's task group
-    (two more tasks and their start-up hops per request, on the way to the first token).
-    """
-
-    def __init__(self, reply: Reply, *, headers: dict[str, str]) -> None:
-        assert reply.stream is not None
-        super().__init__(reply.stream, media_type="text/event-stream", headers=headers)
-        self._close = reply.close
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            with DisconnectGuard(receive):
-                await self.stream_response(send)
-        except ClientDisconnected:
-            pass  # nobody left to answer; closing the decode leg below aborts it upstream
-        finally:
-            self._close()
 
 
 class Gateway:
@@ -84,14 +66,12 @@ class Gateway:
     @contextlib.asynccontextmanager
     async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
         spec = self.settings.gateway
-        # Unlimited pooled keep-alive connections: one per concurrent leg, reused across requests.
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60.0)
-        # No cookie jar: one engine's Set-Cookie must never ride along on other users' requests,
-        # and matching cookies costs time on every leg.
-        async with aiohttp.ClientSession(connector=connector, auto_decompress=False,
-                                         cookie_jar=aiohttp.DummyCookieJar()) as session:
+        # The legs get their own lean client (pd/engine_http.py); health probes and metrics
+        # scrapes use aiohttp. No cookie jar: an engine's Set-Cookie must never ride along.
+        client = EngineClient(connect_timeout_s=spec.connect_timeout_s)
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
             self._orchestrator = Orchestrator(
-                session=session, pool=self.pool, policy=LeastInFlight(), spec=spec,
+                client=client, pool=self.pool, policy=LeastInFlight(), spec=spec,
                 connector=self.settings.kv.connector, metrics=self.metrics,
             )
             watchers = [
@@ -104,34 +84,41 @@ class Gateway:
                 for watcher in watchers:
                     watcher.cancel()
                 await asyncio.gather(*watchers, return_exceptions=True)
+                client.close()
 
-    async def complete(self, request: Request) -> Response:
-        """POST /v1/completions and /v1/chat/completions."""
-        path = request.url.path
-        mode = Mode.PD
+    async def complete(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """POST /v1/completions and /v1/chat/completions, as plain ASGI: these routes carry every
+        token, so they skip Starlette's middleware and its wrappers around each ``send``."""
+        path, mode, status = scope["path"], Mode.PD, 500
+        headers = _header_map(scope)
         try:
-            mode = _parse_mode(request.headers.get(PD_MODE_HEADER))
-            body = parse_json_object(await _read_body(request, limit=self.settings.gateway.max_body_bytes))
-            validate_request(body, SCHEMAS[path])
-            if body["model"] != self.settings.model.served_name:
-                raise BadRequest(f"The model `{body['model']}` does not exist.", status=404,
-                                 param="model", code="model_not_found")
-            call = Call(path=path, body=body, request_id=request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex,
-                        mode=mode, arrived_s=time.perf_counter())
-            with DisconnectGuard(request.receive):
+            mode = _parse_mode(headers.get(b"x-pd-mode"))
+            call = Call(path=path, body=await self._read_request(path, headers, receive), mode=mode,
+                        request_id=_request_id(headers.get(b"x-request-id")), arrived_s=time.perf_counter())
+            with DisconnectGuard(receive):
                 reply = await self._run(call)
+                status = 200  # from here on, failures reach the client inside the stream
+                try:
+                    await _send_reply(send, reply, request_id=call.request_id)
+                finally:
+                    reply.close()
         except ClientDisconnected:
-            self.metrics.requests.labels(path, mode.value, "499").inc()
-            return Response(status_code=499)
+            if status != 200:
+                status = 499  # gone before its reply started
         except PdserveError as exc:
-            response = error_response(exc)
-            self.metrics.requests.labels(path, mode.value, str(response.status_code)).inc()
-            return response
-        self.metrics.requests.labels(path, mode.value, "200").inc()
-        headers = {REQUEST_ID_HEADER: call.request_id}
-        if reply.stream is not None:
-            return RelayResponse(reply, headers=headers)
-        return Response(reply.json_body, media_type=JSON, headers=headers)
+            status, body = error_response(exc)
+            await _send_whole(send, status, body)
+        finally:
+            self.metrics.requests.labels(path, mode.value, str(status)).inc()
+
+    async def _read_request(self, path: str, headers: dict[bytes, bytes], receive: Receive) -> dict[str, Any]:
+        """The validated JSON body; raises BadRequest (400, 404 for an unknown model, 413)."""
+        body = parse_json_object(await _read_body(receive, headers, limit=self.settings.gateway.max_body_bytes))
+        validate_request(body, SCHEMAS[path])
+        if body["model"] != self.settings.model.served_name:
+            raise BadRequest(f"The model `{body['model']}` does not exist.", status=404,
+                             param="model", code="model_not_found")
+        return body
 
     async def _run(self, call: Call) -> Reply:
         assert self._orchestrator is not None, "lifespan not started"
@@ -154,44 +141,48 @@ class Gateway:
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
-def build_app(settings: Settings) -> Starlette:
+class GatewayApp:
+    """The ASGI app: the two completion routes go straight to the gateway, the rest (models,
+    health, metrics, the lifespan, 404/405) through Starlette."""
+
+    def __init__(self, gateway: Gateway, rest: Starlette) -> None:
+        self.gateway, self._rest = gateway, rest
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in SCHEMAS:
+            await self._rest(scope, receive, send)
+        elif scope["method"] == "POST":
+            await self.gateway.complete(scope, receive, send)
+        else:
+            body = error_body("Method Not Allowed", type_="invalid_request_error", code="method_not_allowed")
+            await _send_whole(send, 405, body, extra_headers=((b"allow", b"POST"),))
+
+
+def build_app(settings: Settings) -> GatewayApp:
     """The gateway as an ASGI app serving ``settings`` (engines must be started elsewhere)."""
     gateway = Gateway(settings)
     routes = [
-        Route("/v1/completions", gateway.complete, methods=["POST"]),
-        Route("/v1/chat/completions", gateway.complete, methods=["POST"]),
         Route("/v1/models", gateway.models, methods=["GET"]),
         Route("/health", gateway.health, methods=["GET"]),
         Route("/metrics", gateway.prometheus, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=gateway.lifespan,
-                    exception_handlers={HTTPException: _http_error, PdserveError: _pdserve_error})
-    app.state.gateway = gateway
-    return app
+    rest = Starlette(routes=routes, lifespan=gateway.lifespan, exception_handlers={HTTPException: _http_error})
+    return GatewayApp(gateway, rest)
 
 
-def error_response(exc: PdserveError) -> Response:
-    """The one place that maps our exceptions to OpenAI error JSON and an HTTP status."""
+def error_response(exc: PdserveError) -> tuple[int, bytes]:
+    """The one place that maps our exceptions to an HTTP status and OpenAI error JSON."""
     if isinstance(exc, UpstreamRejected):
-        return Response(_as_openai_error(exc.body, exc.status), status_code=exc.status, media_type=JSON)
+        return exc.status, _as_openai_error(exc.body, exc.status)
     if isinstance(exc, BadRequest):
-        body = error_body(exc.message, type_="invalid_request_error", param=exc.param, code=exc.code)
-        return Response(body, status_code=exc.status, media_type=JSON)
+        return exc.status, error_body(exc.message, type_="invalid_request_error", param=exc.param, code=exc.code)
     if isinstance(exc, NoHealthyEndpoint):
-        return Response(error_body(str(exc), type_="server_error", code="no_healthy_engine"),
-                        status_code=503, media_type=JSON)
+        return 503, error_body(str(exc), type_="server_error", code="no_healthy_engine")
     if isinstance(exc, LegFailed):
         log.error("%s", exc)
-        status = 504 if exc.status is None and "Timeout" in str(exc) else 502
-        return Response(error_body(str(exc), type_="server_error", code=f"{exc.role.value}_failed"),
-                        status_code=status, media_type=JSON)
+        return 504 if exc.is_timeout else 502, error_body(str(exc), type_="server_error", code=f"{exc.role.value}_failed")
     log.exception("unexpected pdserve error", exc_info=exc)
-    return Response(error_body(str(exc), type_="server_error"), status_code=500, media_type=JSON)
-
-
-async def _pdserve_error(_request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, PdserveError)
-    return error_response(exc)
+    return 500, error_body(str(exc), type_="server_error")
 
 
 async def _http_error(_request: Request, exc: Exception) -> Response:
@@ -201,29 +192,72 @@ async def _http_error(_request: Request, exc: Exception) -> Response:
                     status_code=exc.status_code, media_type=JSON)
 
 
-def _parse_mode(header: str | None) -> Mode:
+def _parse_mode(header: bytes | None) -> Mode:
     if header is None:
         return Mode.PD
+    value = header.decode("latin-1")
     try:
-        return Mode(header.strip().lower())
+        return Mode(value.strip().lower())
     except ValueError:
-        raise BadRequest(f"{PD_MODE_HEADER} must be 'pd' or 'local', not {header!r}",
+        raise BadRequest(f"{PD_MODE_HEADER} must be 'pd' or 'local', not {value!r}",
                          param=PD_MODE_HEADER, code="invalid_header") from None
 
 
-async def _read_body(request: Request, *, limit: int) -> bytes:
+def _header_map(scope: Scope) -> dict[bytes, bytes]:
+    """The request's headers by lower-case name (ASGI servers already lower-case them)."""
+    return dict(scope["headers"])
+
+
+def _request_id(header: bytes | None) -> str:
+    """The client's X-Request-Id, or a fresh one; it goes into engine requests and logs."""
+    if header is None:
+        return uuid.uuid4().hex
+    if not _REQUEST_ID.fullmatch(header):
+        raise BadRequest(f"{REQUEST_ID_HEADER} must be 1-256 visible ASCII characters", param=REQUEST_ID_HEADER,
+                         code="invalid_header")
+    return header.decode("ascii")
+
+
+async def _read_body(receive: Receive, headers: dict[bytes, bytes], *, limit: int) -> bytes:
     """The request body, refusing (413) more than ``limit`` bytes without buffering them."""
     too_large = BadRequest(f"request body exceeds {limit} bytes", status=413, code="request_too_large")
-    declared = request.headers.get("content-length", "")
+    declared = headers.get(b"content-length", b"")
     if declared.isdigit() and int(declared) > limit:
         raise too_large
-    chunks, size = [], 0
-    async for chunk in request.stream():
+    chunks, size, more_body = [], 0, True
+    while more_body:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected()
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise too_large
         chunks.append(chunk)
+        more_body = message.get("more_body", False)
     return b"".join(chunks)
+
+
+async def _send_reply(send: Send, reply: Reply, *, request_id: str) -> None:
+    """The decode engine's reply to the client: SSE bytes relayed as they come, or one JSON body."""
+    extra = ((b"x-request-id", request_id.encode()),)
+    if reply.stream is None:
+        assert reply.json_body is not None
+        await _send_whole(send, 200, reply.json_body, extra_headers=extra)
+        return
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), *extra]})
+    async for chunk in reply.stream:
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _send_whole(
+    send: Send, status: int, body: bytes, *, extra_headers: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), *extra_headers]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _as_openai_error(body: bytes, status: int) -> bytes:

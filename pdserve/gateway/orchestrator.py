@@ -15,12 +15,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
-import aiohttp
-
 from pdserve.config import GatewaySpec
 from pdserve.errors import LegFailed, NoHealthyEndpoint
 from pdserve.gateway.metrics import GatewayMetrics, ModeMetrics
-from pdserve.pd import decode, prefill
+from pdserve.pd import decode, legs, prefill
+from pdserve.pd.engine_http import EngineClient, EngineReply, EngineUnreachable
 from pdserve.pd.kv import KVTransferParams
 from pdserve.protocol import sse_error_event
 from pdserve.role import Role
@@ -66,13 +65,11 @@ class Reply:
 
 class Orchestrator:
     def __init__(
-        self, *, session: aiohttp.ClientSession, pool: Pool, policy: Policy,
+        self, *, client: EngineClient, pool: Pool, policy: Policy,
         spec: GatewaySpec, connector: str, metrics: GatewayMetrics,
     ) -> None:
-        self._session, self._pool, self._policy = session, pool, policy
+        self._client, self._pool, self._policy = client, pool, policy
         self._spec, self._connector, self._metrics = spec, connector, metrics
-        self._prefill_timeout = aiohttp.ClientTimeout(total=spec.prefill_timeout_s, sock_connect=spec.connect_timeout_s)
-        self._decode_timeout = aiohttp.ClientTimeout(sock_read=spec.decode_idle_timeout_s, sock_connect=spec.connect_timeout_s)
 
     async def run(self, call: Call) -> Reply:
         """Serve ``call``: returns once the decode engine has accepted the request."""
@@ -84,13 +81,13 @@ class Orchestrator:
         try:
             endpoint, response = await self._failover(
                 Role.DECODE, call.request_id, stack,
-                lambda url: decode.open_stream(self._session, url + call.path, decode_body,
-                                               request_id=call.request_id, timeout=self._decode_timeout),
+                lambda url: decode.open_stream(self._client, url + call.path, decode_body, request_id=call.request_id,
+                                               idle_timeout_s=self._spec.decode_idle_timeout_s),
             )
         except BaseException:
             stack.close()
             raise
-        relay = _Relay(call, endpoint, response, stack, self._metrics, prefill_done_s, self._spec.slow_handoff_warn_s)
+        relay = _Relay(call, endpoint, response, stack, self._metrics, prefill_done_s, self._spec)
         if call.is_stream:
             return Reply(stream=relay.stream(), close=relay.finish)
         return Reply(json_body=await relay.read_whole())
@@ -100,8 +97,8 @@ class Orchestrator:
         with ExitStack() as stack:
             _, kv = await self._failover(
                 Role.PREFILL, call.request_id, stack,
-                lambda url: prefill.run(self._session, url + call.path, body,
-                                        request_id=call.request_id, timeout=self._prefill_timeout),
+                lambda url: prefill.run(self._client, url + call.path, body,
+                                        request_id=call.request_id, timeout_s=self._spec.prefill_timeout_s),
             )
         elapsed_s = time.perf_counter() - call.arrived_s
         self._metrics.legs[Role.PREFILL].observe(elapsed_s)
@@ -152,20 +149,21 @@ class _Relay:
     """Relays the decode engine's reply to the client and records its timing."""
 
     def __init__(
-        self, call: Call, endpoint: Endpoint, response: aiohttp.ClientResponse, stack: ExitStack,
-        metrics: GatewayMetrics, prefill_done_s: float | None, slow_handoff_warn_s: float,
+        self, call: Call, endpoint: Endpoint, response: EngineReply, stack: ExitStack,
+        metrics: GatewayMetrics, prefill_done_s: float | None, spec: GatewaySpec,
     ) -> None:
         self._call, self._endpoint, self._response, self._stack = call, endpoint, response, stack
         self._metrics, self._prefill_done_s = metrics, prefill_done_s
-        self._slow_handoff_warn_s = slow_handoff_warn_s
+        self._slow_handoff_warn_s, self._idle_timeout_s = spec.slow_handoff_warn_s, spec.decode_idle_timeout_s
         self._mode: ModeMetrics = metrics.modes[call.mode.value]
         self._is_finished = False
 
     async def read_whole(self) -> bytes:
         try:
-            payload = await self._response.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise LegFailed(Role.DECODE, self._endpoint.url, 200, f"reply lost: {exc}") from exc
+            payload = await self._response.read(idle_timeout_s=self._idle_timeout_s)
+        except (EngineUnreachable, TimeoutError) as exc:
+            raise legs.leg_failed(Role.DECODE, self._endpoint.url, exc, status=200,
+                                  timeout_s=self._idle_timeout_s) from exc
         finally:
             self.finish()
         self._mode.ttft.observe(time.perf_counter() - self._call.arrived_s)
@@ -175,7 +173,7 @@ class _Relay:
         """Pass the engine's SSE bytes through untouched, chunk by chunk, as they arrive."""
         previous_s: float | None = None
         try:
-            async for chunk in self._response.content.iter_any():
+            async for chunk in self._response.chunks(idle_timeout_s=self._idle_timeout_s):
                 now_s = time.perf_counter()
                 if previous_s is None:
                     self._first_token(now_s)
@@ -183,7 +181,7 @@ class _Relay:
                     self._mode.itl.observe(now_s - previous_s)
                 previous_s = now_s
                 yield chunk
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (EngineUnreachable, TimeoutError) as exc:
             log.error("request_id=%s role=decode endpoint=%s stream broke: %r",
                       self._call.request_id, self._endpoint.url, exc)
             yield sse_error_event(f"decode engine stream broke: {exc!r}", code="decode_stream_failed")
@@ -209,8 +207,7 @@ class _Relay:
         self._is_finished = True
         elapsed_s = time.perf_counter() - self._call.arrived_s
         self._mode.e2e.observe(elapsed_s)
-        # close (not release): an unfinished upstream must see the disconnect and abort.
-        self._response.close()
+        self._response.close()  # an unfinished upstream sees the disconnect and aborts
         self._stack.close()
         log.info("request_id=%s role=decode endpoint=%s status=200 elapsed_ms=%.1f",
                  self._call.request_id, self._endpoint.url, elapsed_s * 1000)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import aiohttp
-
 from pdserve.pd import legs
+from pdserve.pd.engine_http import EngineClient, EngineReply
 from pdserve.pd.kv import KVTransferParams
 from pdserve.role import Role
 
@@ -17,16 +16,16 @@ def make_body(body: dict[str, Any], kv: KVTransferParams) -> dict[str, Any]:
 
 
 async def open_stream(
-    session: aiohttp.ClientSession,
+    client: EngineClient,
     url: str,
     body: dict[str, Any],
     *,
     request_id: str,
-    timeout: aiohttp.ClientTimeout,
-) -> aiohttp.ClientResponse:
-    """Start the decode leg; the returned response's body is the engine's reply (SSE or JSON).
+    idle_timeout_s: float,
+) -> EngineReply:
+    """Start the decode leg; the returned reply's body is the engine's reply (SSE or JSON).
 
     Returning before the body is read lets the gateway answer errors with a proper status,
-    yet start streaming tokens as soon as the first one arrives. The caller releases it.
+    yet start streaming tokens as soon as the first one arrives. The caller closes it.
     """
-    return await legs.post(session, url, body, role=Role.DECODE, request_id=request_id, timeout=timeout)
+    return await legs.post(client, url, body, role=Role.DECODE, request_id=request_id, timeout_s=idle_timeout_s)

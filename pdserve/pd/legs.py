@@ -2,43 +2,55 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
-import aiohttp
-
 from pdserve.errors import LegFailed, UpstreamRejected
+from pdserve.pd.engine_http import EngineClient, EngineReply, EngineUnreachable
 from pdserve.protocol import REQUEST_ID_HEADER
 from pdserve.role import Role
 
 
 async def post(
-    session: aiohttp.ClientSession,
+    client: EngineClient,
     url: str,
     body: dict[str, Any],
     *,
     role: Role,
     request_id: str,
-    timeout: aiohttp.ClientTimeout,
-) -> aiohttp.ClientResponse:
-    """POST ``body`` as JSON; return the open response once its status is 200.
+    timeout_s: float,
+) -> EngineReply:
+    """POST ``body`` as JSON; return the open reply once its status is 200.
 
-    Raises UpstreamRejected on a 4xx (the client's fault, relayed) and LegFailed on anything
-    else: connection errors, timeouts, 5xx. The caller owns (and must release) the response.
+    ``timeout_s`` bounds connecting and waiting for the reply's status line. Raises
+    UpstreamRejected on a 4xx (the client's fault, relayed) and LegFailed on anything else:
+    connection errors, timeouts, 5xx. The caller owns (and must close) the reply.
     """
     headers = {REQUEST_ID_HEADER: request_id, "Content-Type": "application/json"}
     try:
-        response = await session.post(url, data=json.dumps(body), headers=headers, timeout=timeout)
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        raise LegFailed(role, url, None, f"{type(exc).__name__}: {exc}") from exc
-    if response.status == 200:
-        return response
+        async with asyncio.timeout(timeout_s):
+            reply = await client.post(url, json.dumps(body).encode(), headers=headers)
+    except (EngineUnreachable, TimeoutError) as exc:
+        raise leg_failed(role, url, exc, status=None, timeout_s=timeout_s) from exc
+    if reply.status == 200:
+        return reply
     try:
-        payload = await response.read()
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        raise LegFailed(role, url, response.status, "error body lost") from exc
+        async with asyncio.timeout(timeout_s):
+            payload = await reply.read()
+    except (EngineUnreachable, TimeoutError) as exc:
+        raise leg_failed(role, url, exc, status=reply.status, timeout_s=timeout_s) from exc
     finally:
-        response.release()
-    if 400 <= response.status < 500:
-        raise UpstreamRejected(role, response.status, payload)
-    raise LegFailed(role, url, response.status, payload[:500].decode(errors="replace"))
+        reply.close()
+    if 400 <= reply.status < 500:
+        raise UpstreamRejected(role, reply.status, payload)
+    raise LegFailed(role, url, reply.status, payload[:500].decode(errors="replace"))
+
+
+def leg_failed(
+    role: Role, url: str, exc: EngineUnreachable | TimeoutError, *, status: int | None, timeout_s: float | None
+) -> LegFailed:
+    """The LegFailed for a failed wait on an engine; a timeout is marked so the gateway answers 504."""
+    if isinstance(exc, TimeoutError):
+        return LegFailed(role, url, status, f"no reply within {timeout_s:g} s", is_timeout=True)
+    return LegFailed(role, url, status, str(exc))

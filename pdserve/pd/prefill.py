@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
-import aiohttp
-
 from pdserve.errors import LegFailed
 from pdserve.pd import legs
+from pdserve.pd.engine_http import EngineClient, EngineUnreachable
 from pdserve.pd.kv import REMOTE_DECODE_REQUEST, KVTransferParams
 from pdserve.role import Role
 
@@ -33,24 +33,28 @@ def make_body(body: dict[str, Any], *, connector: str) -> dict[str, Any]:
 
 
 async def run(
-    session: aiohttp.ClientSession,
+    client: EngineClient,
     url: str,
     body: dict[str, Any],
     *,
     request_id: str,
-    timeout: aiohttp.ClientTimeout,
+    timeout_s: float,
 ) -> KVTransferParams:
     """POST the prefill body to ``url``; return the engine's KV transfer parameters.
 
-    Raises UpstreamRejected (4xx, e.g. prompt too long) or LegFailed.
+    ``timeout_s`` bounds the whole leg. Raises UpstreamRejected (4xx, e.g. prompt too long) or LegFailed.
     """
-    response = await legs.post(session, url, body, role=Role.PREFILL, request_id=request_id, timeout=timeout)
+    deadline_s = asyncio.get_running_loop().time() + timeout_s
+    response = await legs.post(client, url, body, role=Role.PREFILL, request_id=request_id, timeout_s=timeout_s)
     try:
-        reply = json.loads(await response.read())
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        async with asyncio.timeout_at(deadline_s):
+            reply = json.loads(await response.read())
+    except (EngineUnreachable, TimeoutError) as exc:
+        raise legs.leg_failed(Role.PREFILL, url, exc, status=200, timeout_s=timeout_s) from exc
+    except ValueError as exc:
         raise LegFailed(Role.PREFILL, url, 200, f"unreadable reply: {exc}") from exc
     finally:
-        response.release()
+        response.close()
     params = reply.get("kv_transfer_params") if isinstance(reply, dict) else None
     if not params:
         detail = "reply has no kv_transfer_params: is the engine started with a KV connector?"

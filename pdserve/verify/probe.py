@@ -15,6 +15,7 @@ import aiohttp
 
 from pdserve.gateway.orchestrator import Mode
 from pdserve.pd import decode, prefill
+from pdserve.pd.engine_http import EngineClient
 from pdserve.pd.transfer_stats import TransferCounters, fetch_counters
 from pdserve.protocol import PD_MODE_HEADER
 
@@ -35,28 +36,27 @@ def probe_token_ids(count: int, *, seed: int) -> list[int]:
 
 
 async def probe_handoff(
-    session: aiohttp.ClientSession, *, prefill_url: str, decode_url: str, model: str, connector: str,
+    session: aiohttp.ClientSession, client: EngineClient, *, prefill_url: str, decode_url: str, model: str, connector: str,
     prompt_tokens: int, seed: int, timeout_s: float,
 ) -> HandoffProbe:
     """One PD request of ``prompt_tokens`` tokens and one output token, timed leg by leg.
 
     Use a new ``seed`` per probe: a prompt the decode engine has cached would not be transferred.
     """
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
     body: dict[str, Any] = {"model": model, "prompt": probe_token_ids(prompt_tokens, seed=seed),
                             "max_tokens": 1, "temperature": 0, "ignore_eos": True}
     request_id = f"pdserve-verify-{uuid.uuid4().hex}"
     before = await fetch_counters(session, decode_url, timeout_s=timeout_s)
     started_s = time.perf_counter()
-    kv = await prefill.run(session, prefill_url + _COMPLETIONS, prefill.make_body(body, connector=connector),
-                           request_id=request_id, timeout=timeout)
+    kv = await prefill.run(client, prefill_url + _COMPLETIONS, prefill.make_body(body, connector=connector),
+                           request_id=request_id, timeout_s=timeout_s)
     prefill_done_s = time.perf_counter()
-    response = await decode.open_stream(session, decode_url + _COMPLETIONS, decode.make_body(body, kv),
-                                        request_id=request_id, timeout=timeout)
+    response = await decode.open_stream(client, decode_url + _COMPLETIONS, decode.make_body(body, kv),
+                                        request_id=request_id, idle_timeout_s=timeout_s)
     try:
-        await response.read()
+        await response.read(idle_timeout_s=timeout_s)
     finally:
-        response.release()
+        response.close()
     decode_done_s = time.perf_counter()
     after = await fetch_counters(session, decode_url, timeout_s=timeout_s)
     return HandoffProbe(prompt_tokens=prompt_tokens, prefill_s=prefill_done_s - started_s,

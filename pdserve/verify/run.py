@@ -16,6 +16,7 @@ import aiohttp
 
 from pdserve.config import Settings
 from pdserve.gateway.orchestrator import Mode
+from pdserve.pd.engine_http import EngineClient
 from pdserve.role import Role
 from pdserve.verify import microbench
 from pdserve.verify.checks import NOMINAL_GBPS, Verdict, classify_link, judge, transports_from_log
@@ -43,7 +44,7 @@ async def verify(
 ) -> list[PairReport]:
     """Probe each (prefill, decode) pair ``probes`` times and judge the fastest handoff: bandwidth is
     what the path can do, and one probe can land on a scheduling hiccup of a busy host. Raises
-    aiohttp.ClientError if an engine is unreachable.
+    LegFailed or aiohttp.ClientError if an engine is unreachable.
     """
     link = classify_link(settings.prefill, settings.decode)
     expected = expected_gbps or NOMINAL_GBPS.get(link) or 0.0
@@ -52,23 +53,27 @@ async def verify(
     tokens = prompt_tokens or max(settings.model.max_model_len - 64, 16)
     logs = {spec.base_url: _log_text(Path(settings.launch.log_dir) / f"{spec.name}.log")
             for spec in settings.engine_specs()}
+    pairs = [(prefill_url, decode_url) for prefill_url in settings.endpoint_urls(Role.PREFILL)
+             for decode_url in settings.endpoint_urls(Role.DECODE)]
+    client = EngineClient(connect_timeout_s=settings.gateway.connect_timeout_s)
+    try:
+        async with aiohttp.ClientSession() as session:
+            is_equal = await _pd_equals_local(session, gateway_url, settings, timeout_s) if gateway_url else None
+            fastest = [max([await probe_handoff(
+                session, client, prefill_url=prefill_url, decode_url=decode_url, model=settings.model.served_name,
+                connector=settings.kv.connector, prompt_tokens=tokens, seed=random.randrange(1 << 30), timeout_s=timeout_s,
+            ) for _ in range(probes)], key=lambda probe: probe.engine.gbps) for prefill_url, decode_url in pairs]
+    finally:
+        client.close()
     reports = []
-    async with aiohttp.ClientSession() as session:
-        is_equal = await _pd_equals_local(session, gateway_url, settings, timeout_s) if gateway_url else None
-        for prefill_url in settings.endpoint_urls(Role.PREFILL):
-            for decode_url in settings.endpoint_urls(Role.DECODE):
-                probe = max([await probe_handoff(
-                    session, prefill_url=prefill_url, decode_url=decode_url, model=settings.model.served_name,
-                    connector=settings.kv.connector, prompt_tokens=tokens, seed=random.randrange(1 << 30),
-                    timeout_s=timeout_s,
-                ) for _ in range(probes)], key=lambda probe: probe.engine.gbps)
-                backends, transports = transports_from_log(logs.get(prefill_url, "") + logs.get(decode_url, ""))
-                reports.append(PairReport(
-                    prefill=prefill_url, decode=decode_url, backends=backends, transports=transports,
-                    kv_bytes=probe.engine.bytes, prefill_ms=probe.prefill_s * 1000, decode_ms=probe.decode_s * 1000,
-                    verdict=judge(probe, link=link, expected_gbps=expected, min_fraction=min_fraction),
-                    is_pd_equal_local=is_equal,
-                ))
+    for (prefill_url, decode_url), probe in zip(pairs, fastest, strict=True):
+        backends, transports = transports_from_log(logs.get(prefill_url, "") + logs.get(decode_url, ""))
+        reports.append(PairReport(
+            prefill=prefill_url, decode=decode_url, backends=backends, transports=transports,
+            kv_bytes=probe.engine.bytes, prefill_ms=probe.prefill_s * 1000, decode_ms=probe.decode_s * 1000,
+            verdict=judge(probe, link=link, expected_gbps=expected, min_fraction=min_fraction),
+            is_pd_equal_local=is_equal,
+        ))
     return reports
 
 

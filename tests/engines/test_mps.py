@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import stat
 from pathlib import Path
@@ -13,9 +14,12 @@ from pdserve.engines.mps import MPS_CONTROL, plan_mps, shared_gpus
 from pdserve.engines.supervisor import Supervisor
 from pdserve.errors import ConfigError, EngineStartFailed
 
-# Records each call: its arguments, the pipe folder it was given, and what came on stdin.
+# Records each call: its arguments, the pipe folder it was given, and what came on stdin. Like
+# the real one, ``-d`` leaves a background process holding the inherited stdout; ``quit`` ends it.
 FAKE_CONTROL = """#!/bin/sh
 echo "args=$* pipe=$CUDA_MPS_PIPE_DIRECTORY stdin=$(cat)" >> "$CALLS"
+if [ "$1" = "-d" ] && [ -z "$FAKE_EXIT" ]; then sleep 60 & echo $! > "$CALLS.daemon"; fi
+if [ -z "$1" ] && [ -f "$CALLS.daemon" ]; then kill "$(cat "$CALLS.daemon")"; fi
 exit ${FAKE_EXIT:-0}
 """
 
@@ -59,7 +63,7 @@ async def test_daemon_starts_in_the_background_and_quits(tmp_path: Path, fake_co
     specs = gpu_settings(tmp_path, prefill_gpu=0, decode_gpu=0).engine_specs()
     daemon = plan_mps(specs, mode="auto", log_dir=tmp_path / "logs")
     assert daemon is not None
-    await daemon.start()
+    await asyncio.wait_for(daemon.start(), timeout=5)  # returns while the forked daemon runs on
     await daemon.stop()
     started, quit_ = fake_control.read_text().splitlines()
     assert started == f"args=-d pipe={daemon.pipe_dir} stdin="

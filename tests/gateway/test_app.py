@@ -114,9 +114,18 @@ async def test_bad_chat_messages_and_mode_header_are_rejected(gateway: str) -> N
     assert status == 400 and json.loads(payload)["error"]["param"] == "X-PD-Mode"
 
 
-async def test_unknown_route_is_openai_404(gateway: str) -> None:
+async def test_a_request_id_that_could_not_go_into_an_engine_header_is_rejected(gateway: str, engine: tuple[FakeEngine, str]) -> None:
+    status, payload = await post(gateway, {"model": MODEL, "prompt": "hi"}, headers={"X-Request-Id": "has space"})
+    assert status == 400 and json.loads(payload)["error"]["param"] == "X-Request-Id"
+    assert engine[0].bodies == []
+
+
+async def test_unknown_route_is_openai_404_and_a_get_on_completions_is_405(gateway: str) -> None:
     status, payload = await post(gateway, {}, path="/v1/embeddings")
     assert status == 404 and json.loads(payload)["error"]["code"] == "not_found"
+    async with aiohttp.ClientSession() as session, session.get(gateway + "/v1/completions") as reply:
+        assert reply.status == 405 and reply.headers["Allow"] == "POST"
+        assert (await reply.json())["error"]["code"] == "method_not_allowed"
 
 
 async def test_engine_4xx_is_relayed_with_its_status(gateway: str, engine: tuple[FakeEngine, str]) -> None:

@@ -1,0 +1,190 @@
+"""The legs' HTTP client against small scripted servers over real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import pytest
+
+from pdserve.pd.engine_http import EngineClient, EngineUnreachable
+
+# One request on one connection: read it, answer it (or not); the return says whether to keep serving.
+Handler = Callable[[bytes, asyncio.StreamWriter, int], Awaitable[bool]]
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes | None:
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except (asyncio.IncompleteReadError, ConnectionResetError):
+        return None
+    length = next(int(line.split(b":")[1]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length"))
+    return await reader.readexactly(length)
+
+
+@dataclass
+class Seen:
+    """What a scripted server saw: requests per connection, and connections the client closed."""
+
+    requests_per_connection: list[int] = field(default_factory=list)
+    closed_by_client: int = 0
+
+
+@asynccontextmanager
+async def scripted_server(handler: Handler) -> AsyncIterator[tuple[str, Seen]]:
+    """Serve ``handler`` on a free port; yields the base URL and what the server saw."""
+    seen = Seen()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.requests_per_connection.append(0)
+        connection = len(seen.requests_per_connection) - 1
+        while (body := await _read_request(reader)) is not None:
+            seen.requests_per_connection[connection] += 1
+            if not await handler(body, writer, seen.requests_per_connection[connection]):
+                break
+        else:
+            seen.closed_by_client += 1
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        yield f"http://127.0.0.1:{port}", seen
+
+
+async def echo_json(body: bytes, writer: asyncio.StreamWriter, _nth: int) -> bool:
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body))
+    return True
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+async def test_sequential_requests_share_one_keep_alive_connection() -> None:
+    client = EngineClient(connect_timeout_s=1.0)
+    async with scripted_server(echo_json) as (url, seen):
+        for index in range(3):
+            reply = await client.post(url + "/v1/completions", b'{"n": %d}' % index, headers={"X-Request-Id": "r"})
+            assert reply.status == 200 and await reply.read() == b'{"n": %d}' % index
+            reply.close()
+        assert seen.requests_per_connection == [3]
+    client.close()
+
+
+async def test_a_streamed_reply_arrives_piece_by_piece_and_completes() -> None:
+    events = [b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"]
+
+    async def stream(_body: bytes, writer: asyncio.StreamWriter, _nth: int) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        for event in events:
+            await asyncio.sleep(0.02)
+            writer.write(chunk(event))
+        writer.write(b"0\r\n\r\n")
+        return True
+
+    client = EngineClient(connect_timeout_s=1.0)
+    async with scripted_server(stream) as (url, seen):
+        reply = await client.post(url + "/v1/completions", b"{}", headers={})
+        pieces = [piece async for piece in reply.chunks(idle_timeout_s=1.0)]
+        reply.close()
+        assert b"".join(pieces) == b"".join(events) and len(pieces) == len(events)
+        second = await client.post(url + "/v1/completions", b"{}", headers={})
+        assert await second.read(idle_timeout_s=1.0) == b"".join(events)
+        second.close()
+        assert seen.requests_per_connection == [2]  # the finished stream's connection was reused
+    client.close()
+
+
+async def test_an_idle_connection_the_engine_closed_is_replaced_transparently() -> None:
+    async def close_on_second_request(body: bytes, writer: asyncio.StreamWriter, nth: int) -> bool:
+        if nth == 2:
+            return False  # as a server does whose keep-alive timer fired just as the request came
+        return await echo_json(body, writer, nth)
+
+    client = EngineClient(connect_timeout_s=1.0)
+    async with scripted_server(close_on_second_request) as (url, seen):
+        for _ in range(2):
+            reply = await client.post(url + "/v1/completions", b"{}", headers={})
+            assert reply.status == 200
+            reply.close()
+        assert seen.requests_per_connection == [2, 1]
+    client.close()
+
+
+async def test_a_fresh_connection_closed_without_a_reply_is_an_error() -> None:
+    async def hang_up(_body: bytes, _writer: asyncio.StreamWriter, _nth: int) -> bool:
+        return False
+
+    client = EngineClient(connect_timeout_s=1.0)
+    async with scripted_server(hang_up) as (url, seen):
+        with pytest.raises(EngineUnreachable, match="closed the connection"):
+            await client.post(url + "/v1/completions", b"{}", headers={})
+        assert seen.requests_per_connection == [1]  # not retried: the engine may have seen it
+    client.close()
+
+
+async def test_an_engine_that_is_not_listening_is_unreachable() -> None:
+    async with scripted_server(echo_json) as (url, _):
+        pass  # the port is free again
+    with pytest.raises(EngineUnreachable, match="cannot connect"):
+        await EngineClient(connect_timeout_s=1.0).post(url + "/v1/completions", b"{}", headers={})
+
+
+async def test_a_silent_stream_times_out_and_closing_it_disconnects_the_engine() -> None:
+    async def stall(_body: bytes, writer: asyncio.StreamWriter, _nth: int) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + chunk(b"data: 1\n\n"))
+        return True  # then waits for the next request, and sees the EOF instead
+
+    client = EngineClient(connect_timeout_s=1.0)
+    async with scripted_server(stall) as (url, seen):
+        reply = await client.post(url + "/v1/completions", b"{}", headers={})
+        pieces = reply.chunks(idle_timeout_s=0.1)
+        assert await anext(pieces) == b"data: 1\n\n"
+        with pytest.raises(TimeoutError):
+            await anext(pieces)
+        reply.close()
+        for _ in range(100):
+            if seen.closed_by_client:
+                break
+            await asyncio.sleep(0.01)
+        assert seen.closed_by_client == 1  # as vLLM aborts a request whose client left
+        reply = await client.post(url + "/v1/completions", b"{}", headers={})  # must not reuse the aborted one
+        reply.close()
+        assert seen.requests_per_connection == [1, 1]
+    client.close()
+
+
+async def test_a_header_with_a_line_break_is_refused_before_sending() -> None:
+    async with scripted_server(echo_json) as (url, seen):
+        with pytest.raises(ValueError, match="line break"):
+            await EngineClient(connect_timeout_s=1.0).post(url + "/x", b"{}", headers={"X-Request-Id": "a\r\nEvil: 1"})
+        assert seen.requests_per_connection == []
+
+
+def test_only_plain_http_engine_urls_are_accepted() -> None:
+    with pytest.raises(ValueError, match="plain http"):
+        asyncio.run(EngineClient(connect_timeout_s=1.0).post("https://engine:8000/v1/completions", b"{}", headers={}))
+
+
+async def test_connections_idle_past_keepalive_are_closed_not_reused() -> None:
+    client = EngineClient(connect_timeout_s=1.0, keepalive_s=0.05)
+    async with scripted_server(echo_json) as (url, seen):
+        first, second = [await client.post(url + "/x", b"{}", headers={}) for _ in range(2)]
+        first.close()
+        second.close()
+        busy = await client.post(url + "/x", b"{}", headers={})  # takes the newest; the other idles on
+        await asyncio.sleep(0.1)
+        busy.close()  # coming back, it finds the other one past its time
+        for _ in range(100):
+            if seen.closed_by_client:
+                break
+            await asyncio.sleep(0.01)
+        assert seen.requests_per_connection == [1, 2] and seen.closed_by_client == 1
+        await asyncio.sleep(0.1)
+        again = await client.post(url + "/x", b"{}", headers={})  # everything idle has expired: a new one
+        again.close()
+        assert seen.requests_per_connection == [1, 2, 1]
+    client.close()
