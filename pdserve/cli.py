@@ -17,6 +17,7 @@ from pdserve.bench.cli import bench_app
 from pdserve.config import Settings, load_settings
 from pdserve.config_doc import example_yaml
 from pdserve.errors import ConfigError, PdserveError
+from pdserve.logs import logging_off_the_loop
 
 app = typer.Typer(
     help="Serve an LLM with prefill/decode disaggregation behind one OpenAI-compatible endpoint.",
@@ -53,9 +54,8 @@ def _progress(line: str) -> None:
 
 def _run(work: Coroutine[Any, Any, None]) -> None:
     """Run ``work`` on uvloop; turn our errors into one readable line and an exit code."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        with logging_off_the_loop(logging.INFO), asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(work)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

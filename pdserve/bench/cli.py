@@ -24,6 +24,7 @@ from pdserve.bench.sweep import Load, PoissonLoad, StreamsLoad, Workload
 from pdserve.bench.workload import BenchRequest, Lengths, replay_trace, shared_prefix_chat, synthetic
 from pdserve.config import DEMO_MODEL_NAME, load_settings
 from pdserve.errors import ConfigError, PdserveError
+from pdserve.logs import logging_off_the_loop
 
 bench_app = typer.Typer(help="Measure latency and goodput, side by side.", no_args_is_help=True)
 T = TypeVar("T")
@@ -258,9 +259,8 @@ def _checked(build: Callable[[], T]) -> T:
 
 def _run(work: Coroutine[Any, Any, T]) -> T:
     """Run ``work`` on uvloop; a PdserveError becomes one line on stderr and exit status 1."""
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        with logging_off_the_loop(logging.WARNING), asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             return runner.run(work)
     except PdserveError as exc:
         print(f"error: {exc}", file=sys.stderr)
