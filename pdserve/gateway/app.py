@@ -146,13 +146,13 @@ class GatewayApp:
     health, metrics, the lifespan, 404/405) through Starlette."""
 
     def __init__(self, gateway: Gateway, rest: Starlette) -> None:
-        self.gateway, self._rest = gateway, rest
+        self._gateway, self._rest = gateway, rest
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] not in SCHEMAS:
             await self._rest(scope, receive, send)
         elif scope["method"] == "POST":
-            await self.gateway.complete(scope, receive, send)
+            await self._gateway.complete(scope, receive, send)
         else:
             body = error_body("Method Not Allowed", type_="invalid_request_error", code="method_not_allowed")
             await _send_whole(send, 405, body, extra_headers=((b"allow", b"POST"),))
@@ -255,7 +255,7 @@ async def _send_reply(send: Send, reply: Reply, *, request_id: str) -> None:
 async def _send_whole(
     send: Send, status: int, body: bytes, *, extra_headers: tuple[tuple[bytes, bytes], ...] = ()
 ) -> None:
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), *extra_headers]
+    headers = [(b"content-type", JSON.encode()), (b"content-length", b"%d" % len(body)), *extra_headers]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

@@ -20,7 +20,7 @@ from pdserve.pd.engine_http import EngineClient
 from pdserve.role import Role
 from pdserve.verify import microbench
 from pdserve.verify.checks import NOMINAL_GBPS, Verdict, classify_link, judge, transports_from_log
-from pdserve.verify.probe import greedy_token_ids, probe_handoff
+from pdserve.verify.probe import HandoffProbe, greedy_token_ids, probe_handoff
 
 _MEMCPY_BYTES = 256 * 1024 * 1024
 
@@ -59,10 +59,9 @@ async def verify(
     try:
         async with aiohttp.ClientSession() as session:
             is_equal = await _pd_equals_local(session, gateway_url, settings, timeout_s) if gateway_url else None
-            fastest = [max([await probe_handoff(
-                session, client, prefill_url=prefill_url, decode_url=decode_url, model=settings.model.served_name,
-                connector=settings.kv.connector, prompt_tokens=tokens, seed=random.randrange(1 << 30), timeout_s=timeout_s,
-            ) for _ in range(probes)], key=lambda probe: probe.engine.gbps) for prefill_url, decode_url in pairs]
+            fastest = [await _fastest_probe(session, client, settings, prefill_url=prefill_url, decode_url=decode_url,
+                                            prompt_tokens=tokens, probes=probes, timeout_s=timeout_s)
+                       for prefill_url, decode_url in pairs]
     finally:
         client.close()
     reports = []
@@ -75,6 +74,18 @@ async def verify(
             is_pd_equal_local=is_equal,
         ))
     return reports
+
+
+async def _fastest_probe(
+    session: aiohttp.ClientSession, client: EngineClient, settings: Settings, *, prefill_url: str, decode_url: str,
+    prompt_tokens: int, probes: int, timeout_s: float,
+) -> HandoffProbe:
+    """Of ``probes`` handoffs through one pair, each with a prompt of its own, the one that moved KV fastest."""
+    results = [await probe_handoff(
+        session, client, prefill_url=prefill_url, decode_url=decode_url, model=settings.model.served_name,
+        connector=settings.kv.connector, prompt_tokens=prompt_tokens, seed=random.randrange(1 << 30), timeout_s=timeout_s,
+    ) for _ in range(probes)]
+    return max(results, key=lambda probe: probe.engine.gbps)
 
 
 async def _pd_equals_local(session: aiohttp.ClientSession, gateway_url: str, settings: Settings, timeout_s: float) -> bool:
