@@ -1,4 +1,4 @@
-"""How much CPU one idle NIXL agent burns (docs/transport.md, "CPU engines").
+"""How much CPU one idle NIXL agent burns (docs/transport.md, "Open").
 
     python bench/nixl_idle_cpu.py                 # vLLM's agent: UCX backend, progress thread on
     python bench/nixl_idle_cpu.py --no-progress-thread --num-threads 0

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import sys
-from collections.abc import Coroutine
 from pathlib import Path
 from typing import Annotated, Any
 
 import aiohttp
 import typer
-import uvloop
 
 from pdserve.bench.cli import bench_app
-from pdserve.config import Settings, load_settings
+from pdserve.cli_config import ConfigOption
+from pdserve.cli_config import run_or_exit as _run
+from pdserve.cli_config import settings_or_exit as _settings  # the commands here keep the short name
 from pdserve.config_doc import example_yaml
-from pdserve.errors import ConfigError, PdserveError
-from pdserve.logs import logging_off_the_loop
+from pdserve.demo.shapes import Shape
+from pdserve.deploy.cloud_cli import cloud_app
+from pdserve.deploy.ray_cli import ray_app
+from pdserve.deploy.render_cli import render_app
+from pdserve.errors import PdserveError
 
 app = typer.Typer(
     help="Serve an LLM with prefill/decode disaggregation behind one OpenAI-compatible endpoint.",
@@ -26,10 +28,10 @@ app = typer.Typer(
 config_app = typer.Typer(help="Print, check or explain the configuration file.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(bench_app, name="bench")
+app.add_typer(render_app, name="render")
+app.add_typer(cloud_app, name="cloud")
+app.add_typer(ray_app, name="ray")
 
-ConfigOption = Annotated[
-    Path | None, typer.Option("--config", "-c", help="YAML configuration file (see `pdserve config example`).")
-]
 PortOption = Annotated[int | None, typer.Option(help="Gateway port (overrides gateway.port).")]
 HostOption = Annotated[str | None, typer.Option(help="Gateway address (overrides gateway.host).")]
 
@@ -38,31 +40,8 @@ def main() -> None:
     app()
 
 
-def _settings(config: Path | None, **flags: Any) -> Settings:
-    """The resolved configuration; a bad one exits 2 naming every bad field, before any start."""
-    overrides = {key: value for key, value in flags.items() if value not in (None, [], ())}
-    try:
-        return load_settings(config, overrides=overrides)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise typer.Exit(2) from exc
-
-
 def _progress(line: str) -> None:
     print(line, flush=True)
-
-
-def _run(work: Coroutine[Any, Any, None]) -> None:
-    """Run ``work`` on uvloop; turn our errors into one readable line and an exit code."""
-    try:
-        with logging_off_the_loop(logging.INFO), asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(work)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise typer.Exit(2) from exc
-    except PdserveError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise typer.Exit(1) from exc
 
 
 @app.command()
@@ -127,13 +106,35 @@ def verify(
 @app.command("demo-model")
 def demo_model(
     directory: Annotated[Path | None, typer.Argument(help="Where to build it (default: the cache).")] = None,
+    shape: Annotated[Shape | None, typer.Option(help=(
+        "Instead: this real architecture's config.json and a padded tokenizer, no weights, for GPU runs "
+        "with --load-format dummy (DIR required)."))] = None,
 ) -> None:
-    """Build the tiny demo model (Qwen3 architecture, local tokenizer), offline."""
+    """Build the tiny demo model (Qwen3 architecture, local tokenizer), offline; or a real model's shape."""
+    if shape is not None:
+        _write_shape(directory, shape)
+        return
     from pdserve.demo.model import build_demo_model
 
     target = directory or _settings(None).demo_model_dir
     path = build_demo_model(target, progress=_progress)
     _progress(f"demo model ready at {path}")
+
+
+def _write_shape(directory: Path | None, shape: Shape) -> None:
+    """``demo-model DIR --shape``: exit 2 without DIR, 1 when DIR holds other files."""
+    from pdserve.demo.shapes import kv_bytes_per_token, write_shape_model
+
+    if directory is None:
+        print("error: --shape needs a DIR to write to", file=sys.stderr)
+        raise typer.Exit(2)
+    try:
+        write_shape_model(directory, shape)
+    except FileExistsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from exc
+    _progress(f"{shape} shape ready at {directory} (no weights: serve with --load-format dummy; "
+              f"KV cache {kv_bytes_per_token(shape):,} bytes per token)")
 
 
 @config_app.command("example")

@@ -36,6 +36,23 @@ class ModelSpec(_Frozen):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
 
 
+class PlacementSpec(_Frozen):
+    """Where a cluster puts each engine of a pool: Ray Serve replica options and Kubernetes pods.
+
+    ``pdserve up`` on one host ignores it; GPUs per engine come from ``tensor_parallel_size``.
+    """
+
+    cpus: float = Field(2.0, gt=0, description="CPUs reserved per engine (Ray num_cpus, pod request)")
+    memory_gib: float = Field(32.0, gt=0, description=(
+        "memory limit per engine pod; leave room above the weights for their page cache"))
+    resources: dict[str, float] = Field(default_factory=dict, description=(
+        "Ray custom resources per engine, e.g. {prefill: 1} to land only on nodes that offer `prefill`"))
+    node_labels: dict[str, str] = Field(default_factory=dict, description=(
+        "Kubernetes nodeSelector for this pool's worker pods"))
+    efa_devices: int = Field(0, ge=0, description=(
+        "EFA interfaces per engine (vpc.amazonaws.com/efa); > 0 moves KV over NIXL's LIBFABRIC backend"))
+
+
 class PoolSpec(_Frozen):
     """One pool of engines of the same role (prefill or decode)."""
 
@@ -52,6 +69,7 @@ class PoolSpec(_Frozen):
     extra_args: list[str] = Field(default_factory=list, description="extra vLLM CLI args")
     env: dict[str, str] = Field(default_factory=dict, description="extra engine env vars")
     urls: list[str] = Field(default_factory=list, description="already-running engines, http://host:port")
+    placement: PlacementSpec = PlacementSpec()
 
     @field_validator("urls")
     @classmethod
@@ -126,8 +144,57 @@ class LaunchSpec(_Frozen):
         return ("on" if value else "off") if isinstance(value, bool) else value
 
 
+class RaySpec(_Frozen):
+    """``pdserve ray up`` and ``render serve``: the Ray Serve application on a running cluster."""
+
+    address: str = Field("http://127.0.0.1:8265", description=(
+        "the cluster's dashboard, as `serve deploy --address` takes it"))
+    app_name: str = Field("pdserve", description="Serve application name")
+    gateway_cpus: float = Field(1.0, gt=0, description="CPUs reserved for the gateway replica")
+    gateway_resources: dict[str, float] = Field(default_factory=dict, description=(
+        "Ray custom resources for the gateway replica, e.g. {head: 1}"))
+    health_check_period_s: float = Field(2.0, gt=0, description=(
+        "how often Serve asks each engine replica for its engine's /health"))
+    deploy_timeout_s: float = Field(900.0, gt=0, description="`ray up` waits this long for the app to serve")
+
+
+class KubernetesSpec(_Frozen):
+    """``pdserve render k8s``: the KubeRay RayService and its companions."""
+
+    name: str = Field("pdserve", description="RayService name; prefix of every object")
+    namespace: str = Field("pdserve", description="namespace of every object")
+    image: str = Field("pdserve:latest", description="container image (see Dockerfile) on head and workers")
+    ray_version: str = Field("2.58.0", description="Ray version inside the image")
+    head_cpus: float = Field(2.0, gt=0)
+    head_memory_gib: float = Field(8.0, gt=0)
+    head_node_labels: dict[str, str] = Field(default_factory=lambda: {"pdserve.io/node-role": "system"}, description=(
+        "nodeSelector for the CPU-only head (Ray head, gateway)"))
+    shm_gib: float = Field(16.0, gt=0, description="/dev/shm per engine pod (NCCL, vLLM workers)")
+    pod_monitor: bool = Field(True, description=(
+        "render a PodMonitor for the gateway's /metrics (needs the Prometheus Operator's CRDs)"))
+
+
+class EksSpec(_Frozen):
+    """``pdserve cloud``: the EKS cluster the Kubernetes objects run on."""
+
+    cluster_name: str = Field("pdserve", description="eksctl cluster name")
+    region: str = Field("us-west-2", description="AWS region")
+    availability_zone: str = Field("", description=(
+        "zone of the GPU node group (EFA needs one zone); empty = first zone that offers gpu_instance_type"))
+    kubernetes_version: str = Field("1.31", description="EKS control plane version")
+    system_instance_type: str = Field("m7i.xlarge", description="CPU-only system nodes (Ray head, KubeRay)")
+    system_nodes: int = Field(1, ge=1)
+    gpu_instance_type: str = Field("g6.8xlarge", description="GPU worker nodes (one engine each)")
+    gpu_nodes: int = Field(2, ge=0)
+    efa: bool = Field(True, description="EFA on the GPU node group (eksctl efaEnabled)")
+    kuberay_version: str = Field("1.4.2", description="KubeRay operator Helm chart version")
+    gpu_volume_gib: int = Field(200, ge=20, description="root disk per GPU node: the image and the weights")
+    ready_timeout_s: float = Field(3600.0, gt=0, description=(
+        "`cloud up` waits this long for the app to serve: image pulls and weight downloads"))
+
+
 class EngineSpec(_Frozen):
-    """One engine to launch: its pool's settings plus what makes it unique on the host."""
+    """One engine to launch: its pool's settings plus what makes it unique on its host."""
 
     role: Role
     index: int
@@ -136,6 +203,8 @@ class EngineSpec(_Frozen):
     gpu_ids: list[int]
     cpu_threads_bind: str
     pool: PoolSpec
+    host: str = "127.0.0.1"
+    instance: str = Field("", description="unique across restarts (a Ray replica id); empty = the index")
 
     @property
     def name(self) -> str:
@@ -143,11 +212,12 @@ class EngineSpec(_Frozen):
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def engine_id(self) -> str:
-        return f"pdserve-{self.name}"
+        """NIXL's engine id: a replaced engine must not inherit its predecessor's handshakes."""
+        return f"pdserve-{self.role.value}-{self.instance or self.index}"
 
 
 class Settings(_Frozen):
@@ -157,6 +227,9 @@ class Settings(_Frozen):
     kv: KVTransferSpec = KVTransferSpec()
     gateway: GatewaySpec = GatewaySpec()
     launch: LaunchSpec = LaunchSpec()
+    ray: RaySpec = RaySpec()
+    kubernetes: KubernetesSpec = KubernetesSpec()
+    eks: EksSpec = EksSpec()
     cache_dir: str = Field("", description="demo model cache; empty = $XDG_CACHE_HOME/pdserve")
 
     def pool(self, role: Role) -> PoolSpec:
@@ -230,14 +303,17 @@ def load_settings(path: Path | None = None, *, overrides: Mapping[str, Any] | No
             _set_dotted(tree, key.removeprefix(ENV_PREFIX).lower().replace("__", "."), value)
     for key, value in (overrides or {}).items():
         _set_dotted(tree, key, value)
-    tree["cache_dir"] = tree.get("cache_dir") or _default_cache_dir()
     return parse_settings(tree, source=str(path) if path else "defaults")
 
 
 def parse_settings(tree: Mapping[str, Any], *, source: str) -> Settings:
-    """Validate a plain dict; raises ConfigError naming each bad field path."""
+    """Validate a plain dict; raises ConfigError naming each bad field path.
+
+    An empty ``cache_dir`` becomes this host's cache, so a tree shipped to another node
+    (a Ray Serve application's args) finds that node's own cache.
+    """
     try:
-        return Settings.model_validate(tree)
+        return Settings.model_validate({**tree, "cache_dir": tree.get("cache_dir") or _default_cache_dir()})
     except ValidationError as exc:
         problems = [
             f"  {'.'.join(str(part) for part in error['loc']) or '<root>'}: {error['msg']}"

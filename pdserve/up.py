@@ -47,9 +47,9 @@ async def run_up(settings: Settings, *, progress: Callable[[str], None]) -> None
                     raise EngineStartFailed("the gateway server stopped during start-up")
                 await asyncio.sleep(0.05)
             base_url = f"http://{settings.gateway.host}:{settings.gateway.port}"
-            if not await _until_stopped(stop, _warm_up(session, base_url, settings.model.served_name, progress)):
+            if not await _until_stopped(stop, warm_up(session, base_url, settings.model.served_name, progress)):
                 return
-            progress(_ready_line(base_url, settings.model.served_name, time.monotonic() - started_s))
+            progress(ready_line(base_url, settings.model.served_name, time.monotonic() - started_s))
             tasks.append(asyncio.create_task(supervisor.keep_alive(session)))
             await _until_stopped(stop, _first_done(tasks))
         finally:
@@ -85,8 +85,11 @@ def _check_ports_free(settings: Settings) -> None:
         raise ConfigError(f"ports already in use: {busy}; stop what holds them or change the ports")
 
 
-async def _warm_up(session: aiohttp.ClientSession, base_url: str, model: str, progress: Callable[[str], None]) -> None:
-    """One request through both legs, so the KV connector handshake is done before users come."""
+async def warm_up(session: aiohttp.ClientSession, base_url: str, model: str, progress: Callable[[str], None]) -> None:
+    """One request through both legs, so the KV connector handshake is done before users come.
+
+    Raises EngineStartFailed unless the gateway answers 200.
+    """
     started_s = time.monotonic()
     body = {"model": model, "prompt": "warm up", "max_tokens": 2}
     async with session.post(f"{base_url}/v1/completions", json=body) as reply:
@@ -116,7 +119,7 @@ async def _until_stopped(stop: asyncio.Event, work: Coroutine[Any, Any, None]) -
     return True
 
 
-def _ready_line(base_url: str, model: str, elapsed_s: float) -> str:
+def ready_line(base_url: str, model: str, elapsed_s: float) -> str:
     return (
         f"ready in {elapsed_s:.0f}s: OpenAI API at {base_url}/v1  (metrics {base_url}/metrics)\n"
         f"  curl {base_url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"

@@ -5,7 +5,7 @@
 # /tmp/site (docs/transport.md). Results land in $OUT; every engine is stopped before the end.
 set -u
 RATE=${RATE:-2} LOAD_S=${LOAD_S:-40}
-source bench/gpu/pd_config.sh
+source bench/gpu/pd_config.sh || exit 1
 # aggregated = whole requests on every engine we started: one when both share GPU 0, else one per GPU
 AGGREGATED=http://127.0.0.1:8200; [ "$PREFILL_GPU" != "$DECODE_GPU" ] && AGGREGATED=http://127.0.0.1:8100,http://127.0.0.1:8200
 python3 -m pdserve up --config /tmp/pd.yaml > $OUT/up.log 2>&1 &

@@ -1,7 +1,9 @@
 #!/bin/bash
-# The device-side steps of docs/transport.md, one per `run` call on the H200 machine, from the repo root.
-# usage: bash bench/gpu/run_device.sh hw|nixl|vllm   (nixl and vllm need the vLLM stage unpacked to /tmp/site)
-# Every result goes to $OUT (at most 8 files come back); engine logs travel as one tarball.
+# The raw-transfer steps of docs/transport.md on the H200 machine, from the repo root: the hardware's copy
+# limits (hw) and NIXL agent to agent, with what UCX sees and why (nixl). No model, no vLLM engine; the
+# engine runs are pdserve_h200.sh (up + verify) and compare_h200.sh (bench compare).
+# usage: bash bench/gpu/run_device.sh hw|nixl   (nixl needs the vLLM stage unpacked to /tmp/site)
+# Every result goes to $OUT (at most 8 files come back).
 set -u
 export PYTHONUNBUFFERED=1
 MB="python3 -m pdserve.verify.microbench"
@@ -25,15 +27,4 @@ nixl)  # what UCX sees and why, then NIXL agent-to-agent transfers, per-layer (3
       --path "nixl-vram $GETZ threads=0" --path nixl-dram 2>&1 | grep -v "NIXL INFO" | tee $OUT/nixl_32k.txt
   $MB --size-mb 452 --block-kb 2304 --timeout-s 100 --path "nixl-vram $GETZ" --path "nixl-vram op=WRITE" \
       --path nixl-dram 2>&1 | grep -v "NIXL INFO" | tee $OUT/nixl_2304k.txt ;;
-vllm)  # PD pair vs aggregated engine, Qwen3-8B shape, dummy weights, both PD engines on the one GPU
-  export PYTHONPATH=/tmp/site
-  ENGINE="--gpu-memory-utilization 0.4 --kv-cache-memory-bytes 34359738368"
-  GRAPHS='--compilation-config {"mode":0,"cudagraph_mode":"FULL_DECODE_ONLY","cudagraph_capture_sizes":[1,2,4,8,16,24,32,48,64]}'
-  mkdir -p /tmp/hrun
-  timeout -k 20 ${VLLM_STEP_TIMEOUT_S:-540} python3 bench/gpu/handoff.py --out /tmp/hrun ${PD_CONFIGS:---pd pull-ipc-xlayer-v1 --pd pull-ipc --pd pull-host-xlayer} \
-      --duration-s ${LOAD_S:-50} --budget-s ${BUDGET_S:-380} --engine-args "$ENGINE $GRAPHS" \
-      --fallback-engine-args "$ENGINE --enforce-eager" 2>&1 | tee $OUT/handoff.txt
-  for pgid in $(cat /tmp/hrun/engine-pgids 2>/dev/null); do kill -9 -- -"$pgid" 2>/dev/null; done
-  cp /tmp/hrun/results.json $OUT/ 2>/dev/null
-  tar czf $OUT/engine-logs.tgz -C /tmp/hrun --exclude results.json . ;;
 esac

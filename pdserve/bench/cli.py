@@ -17,8 +17,9 @@ import typer
 import uvloop
 
 from pdserve.bench.compare import Way
+from pdserve.bench.points import Point
 from pdserve.bench.prompts import PromptMaker, prompt_maker
-from pdserve.bench.report import Point, to_markdown, write_report
+from pdserve.bench.report import to_markdown, write_report
 from pdserve.bench.stats import Slo, Summary
 from pdserve.bench.sweep import Load, PoissonLoad, StreamsLoad, Workload
 from pdserve.bench.workload import BenchRequest, Lengths, replay_trace, shared_prefix_chat, synthetic
@@ -118,10 +119,13 @@ def compare(
     kv = result.kv
     _say(f"KV handoff over the sweep (decode engines' own counters): {kv.transfers:.0f} transfers, "
          f"{kv.bytes / 1e6:.1f} MB in {kv.seconds:.3f} s = {kv.gbps:.3g} GB/s, {kv.failed:.0f} failed")
+    if result.legs is not None:
+        _say(result.legs.describe(kv))
     _write(result.points, out=out, load_name="rate", slo=slo,
            title=f"pdserve bench compare ({config.name if config else 'CPU demo'})",
            meta={"command": sys.argv, "settings": settings.model_dump(mode="json"),
-                 "kv_handoff": dataclasses.asdict(kv) | {"gbps": kv.gbps}})
+                 "kv_handoff": dataclasses.asdict(kv) | {"gbps": kv.gbps},
+                 "gateway_legs": None if result.legs is None else dataclasses.asdict(result.legs)})
 
 
 @bench_app.command()

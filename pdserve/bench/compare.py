@@ -6,7 +6,8 @@ of serving with them, interleaved level by level:
   disaggregated  pdserve's gateway: prefill on the prefill engines, decode on the decode engines
 
 Every engine runs with its KV connector; whole requests simply never use it. The decode engines'
-own transfer counters over the whole sweep give the KV handoff bandwidth under load.
+own transfer counters over the whole sweep give the KV handoff bandwidth under load; the gateway's
+histograms give the handoff as each disaggregated request waited for it.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from pathlib import Path
 import aiohttp
 
 from pdserve.bench import runner
+from pdserve.bench.leg_times import LegTimes, fetch_leg_times
+from pdserve.bench.points import Point
 from pdserve.bench.prompts import PromptMaker, prompt_maker
-from pdserve.bench.report import Point
 from pdserve.bench.stats import Slo
 from pdserve.bench.sweep import Load, ProgressBar, sweep
 from pdserve.bench.workload import BenchRequest, Lengths, synthetic
@@ -49,6 +51,7 @@ class Way(StrEnum):
 class CompareResult:
     points: list[Point]
     kv: TransferCounters  # summed over the decode engines, the whole sweep (warm-up excluded)
+    legs: LegTimes | None  # the gateway's, the whole sweep; None when no disaggregated way ran
 
 
 async def run_compare(
@@ -75,9 +78,11 @@ async def run_compare(
                 await _warm_up(targets, prompts=prompts, model=settings.model.served_name)
                 decode_urls = settings.endpoint_urls(Role.DECODE)
                 before = await _kv_counters(session, decode_urls)
+                legs_before = await fetch_leg_times(session, gateway_url, timeout_s=10.0)
                 points = await sweep(targets, loads, workload=workload, slo=slo, timeout_s=timeout_s, progress=bar)
                 kv = (await _kv_counters(session, decode_urls)).since(before)
-                return CompareResult(points=points, kv=kv)
+                legs = (await fetch_leg_times(session, gateway_url, timeout_s=10.0)).since(legs_before)
+                return CompareResult(points=points, kv=kv, legs=legs if Way.DISAGGREGATED in ways else None)
         finally:
             progress("stopping engines ...")
             await supervisor.stop_all()

@@ -8,7 +8,7 @@ from pathlib import Path
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure  # no pyplot: no global figure state, no display needed
 
-from pdserve.bench.report import Point
+from pdserve.bench.points import Point
 from pdserve.bench.stats import Summary
 
 _PANELS: tuple[tuple[str, Callable[[Summary], float | None]], ...] = (

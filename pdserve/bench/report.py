@@ -8,20 +8,11 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pdserve.bench.stats import Percentiles, Summary
-
-
-@dataclass(frozen=True, slots=True)
-class Point:
-    """One target at one load level (a request rate, or a number of concurrent streams)."""
-
-    target: str
-    load: float
-    summary: Summary
+from pdserve.bench.points import Point
+from pdserve.bench.stats import Percentiles
 
 
 def to_json(points: Sequence[Point], *, load_name: str, meta: Mapping[str, Any]) -> str:

@@ -13,8 +13,8 @@ from typing import Protocol
 import aiohttp
 
 from pdserve.bench import runner
+from pdserve.bench.points import Point
 from pdserve.bench.records import RequestRecord
-from pdserve.bench.report import Point
 from pdserve.bench.stats import Slo, summarize, whole_run
 from pdserve.bench.workload import BenchRequest, poisson_arrivals
 

@@ -5,6 +5,7 @@ renamed into place, so a crash never leaves a half-written model where vLLM woul
 """
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import shutil
@@ -53,18 +54,21 @@ def build_demo_model(
     """
     plan = train.TrainPlan(steps=train_steps)
     recipe = _recipe(plan)
-    if _is_complete(target_dir, recipe=recipe):
-        progress(f"demo model: {target_dir} is up to date")
-        return target_dir
-    if target_dir.exists() and any(target_dir.iterdir()) and not (target_dir / MARKER_FILE).exists():
-        raise FileExistsError(f"{target_dir} holds files that are not a pdserve demo model; refusing to replace it")
     target_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target_dir.name}-", dir=target_dir.parent))
-    try:
-        _build(staging, plan=plan, recipe=recipe, progress=progress)
-        _move_into_place(staging, target_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    # Engines that start together on one node (Ray replicas) build it once: the rest wait here.
+    with (target_dir.parent / f".{target_dir.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _is_complete(target_dir, recipe=recipe):
+            progress(f"demo model: {target_dir} is up to date")
+            return target_dir
+        if target_dir.exists() and any(target_dir.iterdir()) and not (target_dir / MARKER_FILE).exists():
+            raise FileExistsError(f"{target_dir} holds files that are not a pdserve demo model; refusing to replace it")
+        staging = Path(tempfile.mkdtemp(prefix=f".{target_dir.name}-", dir=target_dir.parent))
+        try:
+            _build(staging, plan=plan, recipe=recipe, progress=progress)
+            _move_into_place(staging, target_dir)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     progress(f"demo model: ready in {target_dir}")
     return target_dir
 

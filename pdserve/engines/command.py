@@ -43,7 +43,9 @@ def build_engine_command(
     ]
     env = {
         "PYTHONUNBUFFERED": "1",
-        "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+        # The address other nodes reach this engine at: NIXL's side channel and vLLM's own.
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": spec.host,
+        "VLLM_HOST_IP": spec.host,
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(spec.side_channel_port),
         # UCX logs which transport it chose for each protocol: `pdserve verify` reads it back.
         "UCX_PROTO_INFO": "y",

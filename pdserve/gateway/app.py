@@ -43,6 +43,7 @@ from pdserve.role import Role
 from pdserve.routing import health
 from pdserve.routing.policy import LeastInFlight
 from pdserve.routing.pool import Pool
+from pdserve.routing.sources import EndpointSource, FixedEndpoints
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
@@ -55,12 +56,10 @@ SCHEMAS: dict[str, type[ChatRequest | CompletionRequest]] = {
 class Gateway:
     """State with a lifecycle: the upstream HTTP session, the endpoint pool and its health loop."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+    def __init__(self, settings: Settings, source: EndpointSource) -> None:
+        self.settings, self.source = settings, source
         self.metrics = GatewayMetrics()
-        self.pool = Pool(
-            prefill_urls=settings.endpoint_urls(Role.PREFILL), decode_urls=settings.endpoint_urls(Role.DECODE)
-        )
+        self.pool = Pool()
         self._orchestrator: Orchestrator | None = None
 
     @contextlib.asynccontextmanager
@@ -75,9 +74,11 @@ class Gateway:
                 connector=self.settings.kv.connector, metrics=self.metrics,
             )
             watchers = [
+                asyncio.create_task(self.source.follow(self.pool)),
                 asyncio.create_task(health.watch(session, self.pool, spec=spec)),
                 asyncio.create_task(kv_monitor.watch(session, self.pool, self.metrics.engine_kv, spec=spec)),
             ]
+            await asyncio.sleep(0)  # the source fills the pool before the first request
             try:
                 yield
             finally:
@@ -158,9 +159,13 @@ class GatewayApp:
             await _send_whole(send, 405, body, extra_headers=((b"allow", b"POST"),))
 
 
-def build_app(settings: Settings) -> GatewayApp:
-    """The gateway as an ASGI app serving ``settings`` (engines must be started elsewhere)."""
-    gateway = Gateway(settings)
+def build_app(settings: Settings, source: EndpointSource | None = None) -> GatewayApp:
+    """The gateway as an ASGI app serving ``settings`` (engines must be started elsewhere).
+
+    Its engines come from ``source``; by default the configured ones (launched here, or urls).
+    """
+    gateway = Gateway(settings, source or FixedEndpoints(
+        prefill_urls=settings.endpoint_urls(Role.PREFILL), decode_urls=settings.endpoint_urls(Role.DECODE)))
     routes = [
         Route("/v1/models", gateway.models, methods=["GET"]),
         Route("/health", gateway.health, methods=["GET"]),

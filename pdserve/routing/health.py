@@ -14,10 +14,10 @@ from pdserve.routing.pool import Endpoint, Pool
 log = logging.getLogger(__name__)
 
 
-async def probe(session: aiohttp.ClientSession, endpoint: Endpoint, *, timeout_s: float) -> str | None:
-    """None when the engine answers ``GET /health`` with 200 within ``timeout_s``, else why not."""
+async def probe(session: aiohttp.ClientSession, url: str, *, timeout_s: float) -> str | None:
+    """None when the engine at ``url`` answers ``GET /health`` with 200 within ``timeout_s``, else why not."""
     try:
-        async with session.get(f"{endpoint.url}/health", timeout=aiohttp.ClientTimeout(total=timeout_s)) as reply:
+        async with session.get(f"{url}/health", timeout=aiohttp.ClientTimeout(total=timeout_s)) as reply:
             return None if reply.status == 200 else f"status {reply.status}"
     except aiohttp.ClientConnectorError as exc:
         return f"unreachable: {exc.os_error}"
@@ -40,9 +40,9 @@ def record(endpoint: Endpoint, problem: str | None, *, unhealthy_after_failures:
 
 async def watch(session: aiohttp.ClientSession, pool: Pool, *, spec: GatewaySpec) -> None:
     """Probe every endpoint each ``health_interval_s``, forever; logs every change of state."""
-    endpoints = pool.all(Role.PREFILL) + pool.all(Role.DECODE)
     while True:
-        problems = await asyncio.gather(*(probe(session, e, timeout_s=spec.health_timeout_s) for e in endpoints))
+        endpoints = pool.all(Role.PREFILL) + pool.all(Role.DECODE)  # the source may have changed them
+        problems = await asyncio.gather(*(probe(session, e.url, timeout_s=spec.health_timeout_s) for e in endpoints))
         for endpoint, problem in zip(endpoints, problems, strict=True):
             record(endpoint, problem, unhealthy_after_failures=spec.unhealthy_after_failures)
         await asyncio.sleep(spec.health_interval_s)

@@ -1,4 +1,7 @@
-"""The engines the gateway can send legs to, with their health and in-flight counts."""
+"""The engines the gateway can send legs to, with their health and in-flight counts.
+
+Which engines exist is told by an endpoint source (routing/sources.py); the pool only keeps them.
+"""
 
 from __future__ import annotations
 
@@ -23,11 +26,20 @@ class Endpoint:
 class Pool:
     """Prefill and decode endpoints. Starts optimistic: the health loop probes at once."""
 
-    def __init__(self, *, prefill_urls: Sequence[str], decode_urls: Sequence[str]) -> None:
-        self._endpoints = {
-            Role.PREFILL: [Endpoint(Role.PREFILL, url.rstrip("/")) for url in prefill_urls],
-            Role.DECODE: [Endpoint(Role.DECODE, url.rstrip("/")) for url in decode_urls],
-        }
+    def __init__(self, *, prefill_urls: Sequence[str] = (), decode_urls: Sequence[str] = ()) -> None:
+        self._endpoints: dict[Role, list[Endpoint]] = {role: [] for role in Role}
+        self.set_urls(Role.PREFILL, prefill_urls)
+        self.set_urls(Role.DECODE, decode_urls)
+
+    def set_urls(self, role: Role, urls: Sequence[str]) -> bool:
+        """Make ``urls`` the endpoints of ``role``; known ones keep their health and in-flight
+        counts, so requests already running on them are unaffected. True if anything changed."""
+        wanted = list(dict.fromkeys(url.rstrip("/") for url in urls))
+        known = {endpoint.url: endpoint for endpoint in self._endpoints[role]}
+        if wanted == list(known):
+            return False
+        self._endpoints[role] = [known.get(url) or Endpoint(role, url) for url in wanted]
+        return True
 
     def all(self, role: Role) -> list[Endpoint]:
         return self._endpoints[role]

@@ -9,37 +9,28 @@ machine (`python3 -m pdserve.verify.microbench --help`); torch and nixl load onl
 from __future__ import annotations
 
 import argparse
-import enum
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-SEED = 1 << 40  # added to each int64 word index: every word of the source is unique and never 0 or -1
-POISON = -1
-_WORD_BYTES = 8
-VLLM_NIXL_THREADS = 4  # what vLLM's NixlConnector gives the UCX backend (kv_connector_extra_config num_threads)
-
-
-class PathKind(enum.Enum):
-    HOST_MEMCPY = "host-memcpy"
-    NIXL_DRAM = "nixl-dram"
-    DEVICE_COPY = "device-copy"
-    PINNED_H2D = "pinned-h2d"
-    PINNED_D2H = "pinned-d2h"
-    CUDA_IPC = "cuda-ipc"  # one copy out of a tensor another process shared (torch.multiprocessing)
-    CUDA_IPC_GATHER = "cuda-ipc-gather"  # the same, gathering scattered blocks in one kernel
-    NIXL_VRAM = "nixl-vram"
-
-
-class Operation(enum.Enum):
-    READ = "READ"  # the decode side pulls (vLLM's NixlConnector / NixlPullConnector)
-    WRITE = "WRITE"  # the prefill side pushes (vLLM's NixlPushConnector)
-
+from pdserve.verify.transfers import (
+    NIXL_KINDS,
+    POISON,
+    SEED,
+    WORD_BYTES,
+    Operation,
+    Path,
+    PathKind,
+    Plan,
+    TransferResult,
+    expected_blocks,
+    pattern_torch,
+)
 
 # Which measured hardware path bounds each path (None: the path is itself a hardware limit).
 LIMIT_OF: dict[PathKind, PathKind | None] = {
@@ -52,45 +43,6 @@ LIMIT_OF: dict[PathKind, PathKind | None] = {
     PathKind.CUDA_IPC_GATHER: PathKind.DEVICE_COPY,
     PathKind.NIXL_VRAM: PathKind.DEVICE_COPY,
 }
-NIXL_KINDS = frozenset({PathKind.NIXL_DRAM, PathKind.NIXL_VRAM})
-
-
-@dataclass(frozen=True, slots=True)
-class Path:
-    """One way to move the bytes. `env` (name, value) pairs are set in both agents' processes before NIXL loads."""
-
-    kind: PathKind
-    operation: Operation = Operation.READ
-    backend: str = "UCX"
-    num_threads: int = VLLM_NIXL_THREADS
-    env: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def label(self) -> str:
-        if self.kind not in NIXL_KINDS:
-            return self.kind.value
-        threads = [] if self.num_threads == VLLM_NIXL_THREADS else [f"threads={self.num_threads}"]
-        options = " ".join([*threads, *(f"{name}={value}" for name, value in self.env)])
-        return f"{self.kind.value} {self.operation.value} {self.backend} {options}".strip()
-
-
-@dataclass(frozen=True, slots=True)
-class TransferResult:
-    path: Path
-    size_bytes: int
-    seconds: float  # median of the timed repeats; inf when the path failed
-    descriptors: int
-    is_verified: bool  # every destination word checked against the source
-    limit_gbps: float | None = None
-    error: str | None = None
-
-    @property
-    def gbps(self) -> float:
-        return self.size_bytes / self.seconds / 1e9
-
-    @property
-    def ratio(self) -> float | None:
-        return None if self.limit_gbps is None else self.gbps / self.limit_gbps
 
 
 def parse_path(text: str) -> Path:
@@ -128,7 +80,7 @@ def run_microbench(
     Raises ValueError for sizes that are not whole blocks of whole 8-byte words. A NIXL path that fails or
     times out comes back with `error` set and `seconds` inf, so one bad backend does not hide the others.
     """
-    if block_bytes <= 0 or block_bytes % _WORD_BYTES or size_bytes % block_bytes:
+    if block_bytes <= 0 or block_bytes % WORD_BYTES or size_bytes % block_bytes:
         raise ValueError(f"size_bytes={size_bytes} must be a multiple of block_bytes={block_bytes}, itself of 8")
     plan = Plan(size_bytes=size_bytes, block_bytes=block_bytes, repeats=max(repeats, 1), timeout_s=timeout_s)
     needed = {LIMIT_OF[p.kind] for p in paths}
@@ -154,39 +106,9 @@ def format_table(results: Sequence[TransferResult]) -> str:
     return "\n".join(rows)
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
-    size_bytes: int
-    block_bytes: int
-    repeats: int
-    timeout_s: float
-
-    @property
-    def n_words(self) -> int:
-        return self.size_bytes // _WORD_BYTES
-
-    @property
-    def n_blocks(self) -> int:
-        return self.size_bytes // self.block_bytes
-
-    @property
-    def words_per_block(self) -> int:
-        return self.block_bytes // _WORD_BYTES
-
-    def permutation(self) -> np.ndarray:
-        """Destination block i receives source block permutation()[i]: scattered ids, like KV blocks."""
-        return np.random.default_rng(7).permutation(self.n_blocks).astype(np.int64)
-
-
 def _with_limit(result: TransferResult, gbps_of: dict[PathKind, float]) -> TransferResult:
     limit_kind = LIMIT_OF[result.path.kind]
     return result if limit_kind is None else replace(result, limit_gbps=gbps_of.get(limit_kind))
-
-
-def expected_blocks(plan: Plan) -> np.ndarray:
-    perm = plan.permutation()
-    words = np.arange(plan.words_per_block, dtype=np.int64)
-    return perm[:, None] * plan.words_per_block + words[None, :] + SEED
 
 
 def _measure_host_memcpy(path: Path, plan: Plan) -> TransferResult:
@@ -224,11 +146,6 @@ def _measure_cuda_local(path: Path, plan: Plan) -> TransferResult:
     dst = torch.full((plan.n_words,), POISON, dtype=torch.int64, device=dst_device, pin_memory=dst_device == "cpu")
     seconds = _time_cuda(torch, plan.repeats, lambda: dst.copy_(src, non_blocking=True))
     return TransferResult(path, plan.size_bytes, seconds, 1, bool(torch.equal(dst.cpu(), src.cpu())))
-
-
-def pattern_torch(torch: Any, n_words: int, device: str) -> Any:
-    pattern = torch.arange(n_words, dtype=torch.int64, device=device) + SEED
-    return pattern.pin_memory() if device == "cpu" else pattern
 
 
 def _share_cuda_pattern(queue: Any, finished: Any, n_words: int) -> None:
@@ -300,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--path", action="append", default=[], help="'KIND [op=READ|WRITE] [backend=UCX] [threads=N] [ENV=VALUE...]'"
     )
     args = parser.parse_args(argv)
-    block_bytes = int(args.block_kb * 1024) // _WORD_BYTES * _WORD_BYTES
+    block_bytes = int(args.block_kb * 1024) // WORD_BYTES * WORD_BYTES
     size_bytes = max(int(args.size_mb * 1e6) // block_bytes, 1) * block_bytes
     paths = [parse_path(text) for text in args.path] or default_paths(has_cuda=_has_cuda())
     results = run_microbench(
@@ -311,7 +228,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Through the package, not this __main__ copy: nixl_pair compares against the package's enums.
-    from pdserve.verify.microbench import main as package_main
-
-    sys.exit(package_main())
+    sys.exit(main())

@@ -13,20 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from pdserve.verify.microbench import (
-    POISON,
-    SEED,
-    Operation,
-    Path,
-    PathKind,
-    Plan,
-    TransferResult,
-    expected_blocks,
-    pattern_torch,
-)
+from pdserve.verify import transfers
 
 
-def measure_nixl(path: Path, plan: Plan) -> TransferResult:
+def measure_nixl(path: transfers.Path, plan: transfers.Plan) -> transfers.TransferResult:
     """Run a target agent and an initiator agent in two spawned processes; this process only relays metadata."""
     ctx = mp.get_context("spawn")
     target_conn, target_end = ctx.Pipe()
@@ -40,9 +30,9 @@ def measure_nixl(path: Path, plan: Plan) -> TransferResult:
         seconds, descriptors, initiator_ok = _receive(initiator_conn, plan.timeout_s)
         target_conn.send("finish")
         target_ok = _receive(target_conn, plan.timeout_s)
-        return TransferResult(path, plan.size_bytes, seconds, descriptors, bool(initiator_ok and target_ok))
+        return transfers.TransferResult(path, plan.size_bytes, seconds, descriptors, bool(initiator_ok and target_ok))
     except (RuntimeError, TimeoutError, EOFError) as exc:
-        return TransferResult(path, plan.size_bytes, float("inf"), plan.n_blocks, False, error=str(exc))
+        return transfers.TransferResult(path, plan.size_bytes, float("inf"), plan.n_blocks, False, error=str(exc))
     finally:
         for process in (initiator, target):
             process.join(timeout=5)
@@ -59,12 +49,12 @@ def _receive(conn: mpc.Connection, timeout_s: float) -> Any:
     return payload
 
 
-def _run_agent(conn: mpc.Connection, path: Path, plan: Plan, is_initiator: bool) -> None:
+def _run_agent(conn: mpc.Connection, path: transfers.Path, plan: transfers.Plan, is_initiator: bool) -> None:
     """One agent process: the target serves its buffer, the initiator posts the transfers and times them."""
     try:
         os.environ.update(dict(path.env))  # before NIXL loads: UCX reads its configuration when the backend starts
         agent = _Agent(path, plan, name="initiator" if is_initiator else "target")
-        is_source = is_initiator == (path.operation is Operation.WRITE)
+        is_source = is_initiator == (path.operation is transfers.Operation.WRITE)
         agent.fill(is_source=is_source)
         if is_initiator:
             remote_metadata, remote_address = conn.recv()
@@ -82,11 +72,11 @@ def _run_agent(conn: mpc.Connection, path: Path, plan: Plan, is_initiator: bool)
 class _Agent:
     """A NIXL agent that owns one registered buffer of the plan's size, in DRAM (numpy) or VRAM (torch)."""
 
-    def __init__(self, path: Path, plan: Plan, *, name: str) -> None:
+    def __init__(self, path: transfers.Path, plan: transfers.Plan, *, name: str) -> None:
         from nixl._api import nixl_agent, nixl_agent_config
 
         self.path, self.plan = path, plan
-        self.is_vram = path.kind is PathKind.NIXL_VRAM
+        self.is_vram = path.kind is transfers.PathKind.NIXL_VRAM
         self.buffer: Any  # np.ndarray in DRAM, torch.Tensor in VRAM
         self.torch: Any = None
         self.mem_type = "VRAM" if self.is_vram else "DRAM"
@@ -94,10 +84,10 @@ class _Agent:
             import torch
 
             self.torch = torch
-            self.buffer = torch.full((plan.n_words,), POISON, dtype=torch.int64, device="cuda")
+            self.buffer = torch.full((plan.n_words,), transfers.POISON, dtype=torch.int64, device="cuda")
             self.address, self.device_id = self.buffer.data_ptr(), self.buffer.device.index or 0
         else:
-            self.buffer = np.full(plan.n_words, POISON, dtype=np.int64)
+            self.buffer = np.full(plan.n_words, transfers.POISON, dtype=np.int64)
             self.address, self.device_id = self.buffer.ctypes.data, 0
         config = nixl_agent_config(backends=[path.backend], num_threads=path.num_threads)
         self.agent = nixl_agent(name, config)
@@ -109,10 +99,10 @@ class _Agent:
 
     def fill(self, *, is_source: bool) -> None:
         if is_source and self.is_vram:
-            self.buffer.copy_(pattern_torch(self.torch, self.plan.n_words, "cuda"))
+            self.buffer.copy_(transfers.pattern_torch(self.torch, self.plan.n_words, "cuda"))
             self.torch.cuda.synchronize()
         elif is_source:
-            self.buffer[:] = np.arange(self.plan.n_words, dtype=np.int64) + SEED
+            self.buffer[:] = np.arange(self.plan.n_words, dtype=np.int64) + transfers.SEED
 
     def descriptors(self, address: int) -> np.ndarray:
         out = np.empty((self.plan.n_blocks, 3), dtype=np.uint64)
@@ -129,7 +119,8 @@ class _Agent:
         perm = self.plan.permutation().astype(np.int32)
         identity = np.arange(self.plan.n_blocks, dtype=np.int32)
         # Destination block i always receives source block perm[i].
-        local_ids, remote_ids = (identity, perm) if self.path.operation is Operation.READ else (perm, identity)
+        is_read = self.path.operation is transfers.Operation.READ
+        local_ids, remote_ids = (identity, perm) if is_read else (perm, identity)
         samples = []
         for repeat in range(self.plan.repeats + 1):
             start = time.perf_counter()
@@ -146,7 +137,7 @@ class _Agent:
         return statistics.median(samples[1:] or samples)
 
     def is_correct(self) -> bool:
-        expected = expected_blocks(self.plan)
+        expected = transfers.expected_blocks(self.plan)
         if self.is_vram:
             received = self.buffer.view(self.plan.n_blocks, -1)
             return bool(self.torch.equal(received, self.torch.from_numpy(expected).to(received.device)))

@@ -21,6 +21,8 @@ from pdserve.role import Role
 from pdserve.verify import microbench
 from pdserve.verify.checks import NOMINAL_GBPS, Verdict, classify_link, judge, transports_from_log
 from pdserve.verify.probe import HandoffProbe, greedy_token_ids, probe_handoff
+from pdserve.verify.transfers import Path as TransferPath
+from pdserve.verify.transfers import PathKind
 
 _MEMCPY_BYTES = 256 * 1024 * 1024
 
@@ -99,7 +101,7 @@ async def _pd_equals_local(session: aiohttp.ClientSession, gateway_url: str, set
 
 def _host_memcpy_gbps() -> float:
     """This host's memcpy bandwidth: the ceiling for KV moving through host memory."""
-    paths = [microbench.Path(kind=microbench.PathKind.HOST_MEMCPY)]
+    paths = [TransferPath(kind=PathKind.HOST_MEMCPY)]
     (result,) = microbench.run_microbench(size_bytes=_MEMCPY_BYTES, block_bytes=_MEMCPY_BYTES, paths=paths)
     return result.gbps
 

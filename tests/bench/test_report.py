@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pdserve.bench.report import Point, to_markdown, write_report
+from pdserve.bench.points import Point
+from pdserve.bench.report import to_markdown, write_report
 from pdserve.bench.stats import Percentiles, Summary
 
 SUMMARY = Summary(

@@ -6,17 +6,8 @@ import math
 
 import pytest
 
-from pdserve.verify.microbench import (
-    LIMIT_OF,
-    Operation,
-    Path,
-    PathKind,
-    TransferResult,
-    default_paths,
-    format_table,
-    parse_path,
-    run_microbench,
-)
+from pdserve.verify.microbench import LIMIT_OF, default_paths, format_table, parse_path, run_microbench
+from pdserve.verify.transfers import Operation, Path, PathKind, TransferResult
 
 SIZE_BYTES = 4 * 1024 * 1024
 BLOCK_BYTES = 16 * 1024

@@ -1,0 +1,56 @@
+"""What every command-line command shares: resolving the configuration (the one place a bad
+config becomes exit 2) and running its async work (our errors become one line and exit 1).
+
+``cli.py`` and every sub-app (``deploy/render_cli.py``, ...) use it; it imports no command module,
+so sub-apps can use it without importing ``cli.py``, which imports them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+import uvloop
+
+from pdserve.config import Settings, load_settings
+from pdserve.errors import ConfigError, PdserveError
+from pdserve.logs import logging_off_the_loop
+
+ConfigOption = Annotated[
+    Path | None, typer.Option("--config", "-c", help="YAML configuration file (see `pdserve config example`).")
+]
+
+
+def settings_or_exit(config: Path | None, **flags: Any) -> Settings:
+    """The resolved configuration; a bad one exits 2 naming every bad field, before any start.
+
+    ``flags`` are dotted overrides (``{"gateway.port": 9000}``); None and empty values are unset flags.
+    """
+    overrides = {key: value for key, value in flags.items() if value not in (None, [], ())}
+    try:
+        return load_settings(config, overrides=overrides)
+    except ConfigError as exc:
+        exit_on_config_error(exc)
+
+
+def exit_on_config_error(exc: ConfigError) -> NoReturn:
+    """Print ``exc`` as one ``error:`` line on stderr and exit 2, as every command does for bad config."""
+    print(f"error: {exc}", file=sys.stderr)
+    raise typer.Exit(2) from exc
+
+
+def run_or_exit(work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` on uvloop; turn our errors into one readable line and an exit code."""
+    try:
+        with logging_off_the_loop(logging.INFO), asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(work)
+    except ConfigError as exc:
+        exit_on_config_error(exc)
+    except PdserveError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from exc

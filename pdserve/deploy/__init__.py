@@ -1,0 +1,1 @@
+"""Deployments beyond one host: the Ray Serve config, Kubernetes manifests, the EKS cluster."""

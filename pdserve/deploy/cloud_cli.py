@@ -1,0 +1,71 @@
+"""``pdserve cloud up|status|down``: parse flags, resolve the configuration, call one function.
+
+A bad configuration exits 2; a missing tool or a failed step exits 1 with the step's error.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated
+
+import typer
+
+from pdserve.cli_config import ConfigOption, exit_on_config_error, settings_or_exit
+from pdserve.errors import ConfigError, DeployError
+
+cloud_app = typer.Typer(help="Run a config on Amazon EKS: cluster, EFA GPU nodes, KubeRay, the app.",
+                        no_args_is_help=True)
+
+DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Print every command and manifest in order; "
+                                                               "change nothing.")]
+
+
+@cloud_app.command()
+def up(config: ConfigOption = None, dry_run: DryRunOption = False) -> None:
+    """Create the EKS cluster and its node groups, install KubeRay, deploy the app, wait until it serves.
+
+    Every step is skipped when already done, so running it again resumes after a failure."""
+    from pdserve.deploy.cloud import cloud_up
+
+    settings = settings_or_exit(config)
+    with _exit_on_errors():
+        cloud_up(settings, is_dry_run=dry_run, progress=_progress)
+
+
+@cloud_app.command()
+def status(config: ConfigOption = None) -> None:
+    """Pods and their nodes, GPU and EFA per node, the Serve app, and checks through the gateway."""
+    from pdserve.deploy.cloud_status import cloud_status
+
+    settings = settings_or_exit(config)
+    with _exit_on_errors():
+        is_healthy = cloud_status(settings, progress=_progress)
+    if not is_healthy:
+        raise typer.Exit(1)
+
+
+@cloud_app.command()
+def down(config: ConfigOption = None, dry_run: DryRunOption = False) -> None:
+    """Remove the app, KubeRay and the cluster, in reverse order; what is gone already is skipped."""
+    from pdserve.deploy.cloud import cloud_down
+
+    settings = settings_or_exit(config)
+    with _exit_on_errors():
+        cloud_down(settings, is_dry_run=dry_run, progress=_progress)
+
+
+@contextmanager
+def _exit_on_errors() -> Iterator[None]:
+    try:
+        yield
+    except ConfigError as exc:
+        exit_on_config_error(exc)
+    except DeployError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from exc
+
+
+def _progress(line: str) -> None:
+    print(line, flush=True)

@@ -1,0 +1,158 @@
+"""``pdserve cloud status``: pods and their nodes, GPU and EFA per node, the Serve app, and the checks
+the gateway answers through a ``kubectl port-forward``. The engines listen on pod addresses inside
+the cluster, so ``pdserve verify``'s engine-to-engine probe cannot run from here and is reported skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from pdserve.config import Settings
+from pdserve.deploy.cluster_view import APP_HEADER, NODE_HEADER, POD_HEADER, app_rows, format_table, node_rows, pod_rows
+from pdserve.deploy.eks import kubeconfig_argv, kubectl
+from pdserve.deploy.k8s_names import GATEWAY_PORT_NAME, gateway_service_name
+from pdserve.deploy.runner import Progress, capture, require_tools
+from pdserve.errors import DeployError
+from pdserve.gateway.kv_monitor import check_window
+from pdserve.gateway.orchestrator import Mode
+from pdserve.pd.transfer_stats import TransferCounters
+from pdserve.verify.probe import greedy_token_ids
+
+PORT_FORWARD_TIMEOUT_S = 30.0
+CHECK_HEADER = ("CHECK", "RESULT", "DETAIL")
+_FORWARDING = re.compile(rb"Forwarding from 127\.0\.0\.1:(\d+)")
+# the gateway's samples of the decode engines' counters (gateway/metrics.py) -> TransferCounters fields
+_KV_SAMPLES = {"pdserve_engine_kv_transfer_bytes_total": "bytes", "pdserve_engine_kv_transfer_seconds_total": "seconds",
+               "pdserve_engine_kv_transfers_total": "transfers", "pdserve_engine_kv_transfer_failures_total": "failed"}
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    result: str  # OK, FAIL or SKIPPED
+    detail: str
+
+
+def cloud_status(settings: Settings, *, progress: Progress, timeout_s: float = 120.0) -> bool:
+    """Print the pods, nodes, Serve apps and gateway checks; True when the app serves and every
+    check that ran passed. Raises DeployError when kubectl cannot reach the cluster."""
+    spec = settings.kubernetes
+    require_tools({"aws", "kubectl"})
+    capture(kubeconfig_argv(settings), what="kubeconfig")
+    in_namespace = ("--namespace", spec.namespace)
+    pods = capture(kubectl(settings, "get", "pods", *in_namespace, "-o", "json"), what="pods")
+    nodes = capture(kubectl(settings, "get", "nodes", "-o", "json"), what="nodes")
+    rayservice = capture(kubectl(settings, "get", "rayservice", spec.name, *in_namespace, "-o", "json"),
+                         what=f"RayService {spec.name}")
+    is_serving, apps = app_rows(rayservice)
+    for table in (format_table(POD_HEADER, pod_rows(pods)), format_table(NODE_HEADER, node_rows(nodes)),
+                  format_table(APP_HEADER, apps)):
+        progress(table + "\n")
+    if not is_serving:
+        progress("not serving yet: gateway checks skipped")
+        return False
+    checks = asyncio.run(_checks_through_gateway(settings, timeout_s=timeout_s))
+    progress(format_table(CHECK_HEADER, [(check.name, check.result, check.detail) for check in checks]))
+    return all(check.result != "FAIL" for check in checks)
+
+
+async def _checks_through_gateway(settings: Settings, *, timeout_s: float) -> list[Check]:
+    async with port_forward(settings) as gateway_url, aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=timeout_s)
+    ) as session:
+        checks = [await _health(session, gateway_url), await _pd_matches_local(session, gateway_url, settings,
+                                                                                 timeout_s=timeout_s)]
+        checks += await _kv_transfers(session, gateway_url, settings)
+    checks.append(Check("engine-probe", "SKIPPED", "engines listen inside the cluster only; the KV rows above "
+                                                   "are the decode engines' own counters, read by the gateway"))
+    return checks
+
+
+@asynccontextmanager
+async def port_forward(settings: Settings) -> AsyncIterator[str]:
+    """``kubectl port-forward`` to the gateway's Service on a free local port; yields its URL."""
+    spec = settings.kubernetes
+    argv = kubectl(settings, "port-forward", f"svc/{gateway_service_name(spec)}", "--namespace", spec.namespace,
+                   "--address", "127.0.0.1", f":{GATEWAY_PORT_NAME}")
+    process = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
+                                                   stderr=asyncio.subprocess.PIPE)
+    try:
+        assert process.stdout is not None and process.stderr is not None
+        try:
+            line = await asyncio.wait_for(process.stdout.readline(), PORT_FORWARD_TIMEOUT_S)
+        except TimeoutError:
+            line = b""
+        match = _FORWARDING.search(line)
+        if match is None:
+            if process.returncode is None:
+                process.kill()
+            error = (await process.stderr.read()).decode(errors="replace").strip()
+            raise DeployError(f"kubectl port-forward to the gateway failed: {error or line.decode().strip()}")
+        yield f"http://127.0.0.1:{match.group(1).decode()}"
+    finally:
+        if process.returncode is None:
+            process.terminate()
+        await process.wait()
+
+
+async def _health(session: aiohttp.ClientSession, gateway_url: str) -> Check:
+    try:
+        async with session.get(gateway_url + "/health") as reply:
+            body = (await reply.text()).strip()
+            return Check("gateway", "OK" if reply.status == 200 else "FAIL", f"/health {reply.status} {body}"[:100])
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return Check("gateway", "FAIL", f"/health: {exc!r}")
+
+
+async def _pd_matches_local(
+    session: aiohttp.ClientSession, gateway_url: str, settings: Settings, *, timeout_s: float,
+) -> Check:
+    """Greedy output through both legs and through one engine alone must be token-identical."""
+    try:
+        pd, local = [await greedy_token_ids(session, gateway_url, model=settings.model.served_name, mode=mode,
+                                            prompt_tokens=100, max_tokens=16, timeout_s=timeout_s)
+                     for mode in (Mode.PD, Mode.LOCAL)]
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return Check("pd==local", "FAIL", repr(exc))
+    if pd == local:
+        return Check("pd==local", "OK", f"{len(pd)} greedy tokens identical")
+    first = next((index for index, pair in enumerate(zip(pd, local, strict=False)) if pair[0] != pair[1]),
+                 min(len(pd), len(local)))
+    return Check("pd==local", "FAIL", f"greedy outputs differ from token {first}")
+
+
+async def _kv_transfers(session: aiohttp.ClientSession, gateway_url: str, settings: Settings) -> list[Check]:
+    """One row per decode engine: KV moved so far, and a FAIL if transfers failed or ran slow."""
+    try:
+        async with session.get(gateway_url + "/metrics") as reply:
+            reply.raise_for_status()
+            counters = kv_counters(await reply.text())
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return [Check("kv-transfers", "FAIL", f"/metrics: {exc!r}")]
+    if not counters:
+        return [Check("kv-transfers", "SKIPPED", "the gateway has not read any decode engine's counters yet")]
+    spec = settings.gateway
+    checks = []
+    for url, total in sorted(counters.items()):
+        warning = check_window(url, total, slow_kv_gbps=spec.slow_kv_gbps, min_ms=spec.slow_kv_min_ms)
+        checks.append(Check("kv-transfers", "FAIL" if warning else "OK", warning or (
+            f"{url}: {total.transfers:.0f} transfers, {total.bytes / 1e6:.1f} MB at {total.gbps:.3g} GB/s")))
+    return checks
+
+
+def kv_counters(metrics_text: str) -> dict[str, TransferCounters]:
+    """Decode engine URL -> its KV counters, from the gateway's Prometheus text. Pure."""
+    fields: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            field = _KV_SAMPLES.get(sample.name)
+            if field:
+                fields.setdefault(sample.labels["endpoint"], {})[field] = sample.value
+    return {url: TransferCounters(**values) for url, values in fields.items()}

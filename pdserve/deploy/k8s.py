@@ -1,0 +1,156 @@
+"""Settings -> every Kubernetes object a pdserve deployment needs, in the order to apply them.
+
+``kubernetes_settings`` derives the configuration the cluster runs, once; everything rendered
+comes from it. Rendering is pure; ``write_manifests`` is the one function here that writes files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pdserve.config import PoolSpec, Settings
+from pdserve.deploy.k8s_names import (
+    GATEWAY_PORT_NAME,
+    RAY_HEAD_PORTS,
+    RAY_HEAD_PRIVATE_PORTS,
+    gateway_service_name,
+    head_selector,
+    object_labels,
+    object_metadata,
+)
+from pdserve.deploy.rayservice import rayservice
+from pdserve.errors import ConfigError
+from pdserve.role import Role
+
+HEAD_RESOURCE = "head"  # the Ray custom resource only the head offers, unless ray.gateway_resources names one
+METRICS_INTERVAL = "15s"
+
+
+def kubernetes_settings(settings: Settings) -> Settings:
+    """The configuration as the cluster runs it; the RayService's Serve config carries exactly this.
+
+    - EFA on the pools: NIXL moves KV over its LIBFABRIC backend (UCX does not drive EFA).
+    - The gateway binds 0.0.0.0, so its Service reaches it from outside the head pod.
+    - A pool without custom resources asks for ``{<role>: 1}``, which only its worker group
+      offers; a gateway without them asks for ``{head: 1}``, which only the head offers.
+
+    Raises ConfigError if EFA is on one pool only, or gateway.port is one of Ray's ports on the head.
+    """
+    _check_gateway_port(settings)
+    efa = _is_efa_on(settings)
+    pools = {role.value: _placed_pool(settings, role) for role in Role}
+    gateway_resources = settings.ray.gateway_resources or {HEAD_RESOURCE: 1.0}
+    return settings.model_copy(update={
+        **pools,
+        "kv": settings.kv.model_copy(update={"backends": ["LIBFABRIC"]}) if efa else settings.kv,
+        "gateway": settings.gateway.model_copy(update={"host": "0.0.0.0"}),
+        "ray": settings.ray.model_copy(update={"gateway_resources": gateway_resources}),
+    })
+
+
+def render_manifests(settings: Settings) -> list[dict[str, Any]]:
+    """Namespace, RayService, the gateway's Service and (unless turned off) its PodMonitor."""
+    cluster = kubernetes_settings(settings)
+    objects = [namespace(cluster), rayservice(cluster), gateway_service(cluster)]
+    if cluster.kubernetes.pod_monitor:
+        objects.append(gateway_pod_monitor(cluster))
+    return objects
+
+
+def render_yaml(settings: Settings) -> str:
+    """Every object as one multi-document YAML stream, ready for ``kubectl apply -f -``."""
+    return "---\n".join(_to_yaml(obj) for obj in render_manifests(settings))
+
+
+def write_manifests(settings: Settings, out_dir: Path) -> list[Path]:
+    """One file per object in ``out_dir`` (created), named so that sorting them is the apply order."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for index, obj in enumerate(render_manifests(settings)):
+        path = out_dir / f"{index * 10:02d}-{obj['kind'].lower()}.yaml"
+        path.write_text(_to_yaml(obj))
+        paths.append(path)
+    return paths
+
+
+def resource_ref(obj: dict[str, Any]) -> str:
+    """How kubectl names an object: ``rayservice.ray.io/pdserve``, ``service/pdserve-gateway``."""
+    group = obj["apiVersion"].rpartition("/")[0]
+    kind = obj["kind"].lower() + (f".{group}" if group else "")
+    return f"{kind}/{obj['metadata']['name']}"
+
+
+def namespace(settings: Settings) -> dict[str, Any]:
+    spec = settings.kubernetes
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": spec.namespace, "labels": object_labels(spec, "namespace")}}
+
+
+def gateway_service(settings: Settings) -> dict[str, Any]:
+    """ClusterIP in front of the gateway on the head pod: the cluster's OpenAI endpoint."""
+    spec = settings.kubernetes
+    port = {"name": GATEWAY_PORT_NAME, "port": settings.gateway.port, "targetPort": GATEWAY_PORT_NAME,
+            "protocol": "TCP"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_metadata(spec, gateway_service_name(spec), "gateway"),
+        "spec": {"type": "ClusterIP", "selector": head_selector(spec), "ports": [port]},
+    }
+
+
+def gateway_pod_monitor(settings: Settings) -> dict[str, Any]:
+    """Tells the Prometheus Operator to scrape the gateway's /metrics on the head pod."""
+    spec = settings.kubernetes
+    endpoint = {"port": GATEWAY_PORT_NAME, "path": "/metrics", "interval": METRICS_INTERVAL}
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": object_metadata(spec, gateway_service_name(spec), "gateway"),
+        "spec": {"selector": {"matchLabels": head_selector(spec)}, "podMetricsEndpoints": [endpoint]},
+    }
+
+
+def _check_gateway_port(settings: Settings) -> None:
+    """The gateway replica binds its port on the Ray head, next to Ray's own servers."""
+    taken = {port: name for name, port in (RAY_HEAD_PORTS | RAY_HEAD_PRIVATE_PORTS).items()}
+    port = settings.gateway.port
+    if port in taken:
+        raise ConfigError(f"gateway.port: {port} is Ray's {taken[port]} port on the head; "
+                          f"pick another, e.g. 9000 (Ray uses {sorted(taken)})")
+
+
+def _is_efa_on(settings: Settings) -> bool:
+    """Both pools or neither: KV moves from every prefill engine to every decode engine."""
+    with_efa = {role for role in Role if settings.pool(role).placement.efa_devices}
+    if len(with_efa) == 1:
+        (role,) = with_efa
+        raise ConfigError(f"{role.value}.placement.efa_devices: EFA is on the {role.value} pool only; "
+                          "prefill and decode engines need the same KV transport, so set both or neither")
+    return bool(with_efa)
+
+
+def _placed_pool(settings: Settings, role: Role) -> PoolSpec:
+    pool = settings.pool(role)
+    if pool.placement.resources:
+        return pool
+    placement = pool.placement.model_copy(update={"resources": {role.value: 1.0}})
+    return pool.model_copy(update={"placement": placement})
+
+
+class _BlockStyleDumper(yaml.SafeDumper):
+    """Writes multi-line strings (serveConfigV2) as readable ``|`` blocks, not escaped one-liners."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None)
+
+
+_BlockStyleDumper.add_representer(str, _represent_str)
+
+
+def _to_yaml(obj: dict[str, Any]) -> str:
+    return yaml.dump(obj, Dumper=_BlockStyleDumper, sort_keys=False)

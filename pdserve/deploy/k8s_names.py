@@ -1,0 +1,51 @@
+"""The names, labels and ports every rendered Kubernetes object agrees on. Pure lookups, no I/O.
+
+``pdserve cloud`` finds the objects ``render k8s`` wrote through these, so both stay in step.
+"""
+
+from __future__ import annotations
+
+from pdserve.config import KubernetesSpec
+
+# KubeRay finds Ray's ports on the head by these names (its head Service, its health checks).
+RAY_HEAD_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001, "serve": 8000, "metrics": 8080}
+# Bound on the head too, but not published: the dashboard agent's HTTP server.
+RAY_HEAD_PRIVATE_PORTS = {"dashboard-agent": 52365}
+GATEWAY_PORT_NAME = "openai"
+# KubeRay's own key for the token in a Ray auth Secret, so `authOptions.secretName` can name ours.
+RAY_TOKEN_SECRET_KEY = "auth_token"
+HEAD_COMPONENT = "head"
+
+
+def object_labels(spec: KubernetesSpec, component: str) -> dict[str, str]:
+    """Labels on every object and pod: what it is (``component``) and which deployment owns it."""
+    return {
+        "app.kubernetes.io/name": "pdserve",
+        "app.kubernetes.io/instance": spec.name,
+        "app.kubernetes.io/component": component,
+    }
+
+
+def object_metadata(spec: KubernetesSpec, name: str, component: str) -> dict[str, object]:
+    """``metadata`` of a namespaced object of this deployment."""
+    return {"name": name, "namespace": spec.namespace, "labels": object_labels(spec, component)}
+
+
+def head_selector(spec: KubernetesSpec) -> dict[str, str]:
+    """Selects the Ray head pod, which runs the gateway.
+
+    Not by ``ray.io/cluster``: a RayService names its RayCluster ``<name>-<suffix>`` and replaces
+    it on upgrades, so that label changes; the instance label from the pod template does not.
+    """
+    return {"app.kubernetes.io/instance": spec.name, "app.kubernetes.io/component": HEAD_COMPONENT,
+            "ray.io/node-type": "head"}
+
+
+def ray_token_secret_name(spec: KubernetesSpec) -> str:
+    """The Secret the user creates with the cluster's Ray token under ``RAY_TOKEN_SECRET_KEY``."""
+    return f"{spec.name}-ray-token"
+
+
+def gateway_service_name(spec: KubernetesSpec) -> str:
+    """The ClusterIP Service in front of the gateway's OpenAI port."""
+    return f"{spec.name}-gateway"

@@ -1,0 +1,144 @@
+"""Pure: cluster-ready Settings -> the KubeRay RayService that runs ``pdserve.ray:app``. No I/O.
+
+A CPU-only head (Ray head, Serve controller, gateway replica) and one worker group per pool with
+one engine per pod. Placement is by Ray custom resources: each group offers the resources its
+pool's replicas ask for, so Serve can put a replica nowhere else.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pdserve.config import KubernetesSpec, PoolSpec, Settings
+from pdserve.deploy.k8s_names import (
+    GATEWAY_PORT_NAME,
+    HEAD_COMPONENT,
+    RAY_HEAD_PORTS,
+    RAY_TOKEN_SECRET_KEY,
+    object_labels,
+    object_metadata,
+    ray_token_secret_name,
+)
+from pdserve.deploy.serve import serve_config_yaml
+from pdserve.role import Role
+
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+SHM_VOLUME = "dshm"
+
+
+def rayservice(settings: Settings) -> dict[str, Any]:
+    """The RayService for ``settings`` (already derived by ``k8s.kubernetes_settings``)."""
+    spec = settings.kubernetes
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayService",
+        "metadata": object_metadata(spec, spec.name, "rayservice"),
+        "spec": {
+            "serveConfigV2": serve_config_yaml(settings),
+            "rayClusterConfig": {
+                "rayVersion": spec.ray_version,
+                "enableInTreeAutoscaling": False,  # Serve replica counts come from the pools
+                # The operator needs the token too: it reads Serve's status from the dashboard.
+                "authOptions": {"mode": "token", "secretName": ray_token_secret_name(spec)},
+                "headGroupSpec": _head_group(settings),
+                "workerGroupSpecs": [_worker_group(settings, role) for role in Role],
+            },
+        },
+    }
+
+
+def ray_resources_param(resources: dict[str, float]) -> str:
+    """``rayStartParams.resources`` in the quoted form KubeRay passes through a shell unchanged."""
+    amounts = {name: int(amount) if amount.is_integer() else amount for name, amount in resources.items()}
+    return '"' + json.dumps(amounts, sort_keys=True).replace('"', '\\"') + '"'
+
+
+def _head_group(settings: Settings) -> dict[str, Any]:
+    spec = settings.kubernetes
+    params = {"num-gpus": "0"}
+    if settings.ray.gateway_resources:
+        params["resources"] = ray_resources_param(settings.ray.gateway_resources)
+    ports = [{"name": name, "containerPort": port} for name, port in RAY_HEAD_PORTS.items()]
+    container = {
+        "name": "ray-head",
+        "image": spec.image,
+        "imagePullPolicy": "IfNotPresent",
+        "env": _ray_auth_env(spec),
+        "ports": [*ports, {"name": GATEWAY_PORT_NAME, "containerPort": settings.gateway.port}],
+        "resources": _resources(cpus=spec.head_cpus, memory_gib=spec.head_memory_gib, devices={}),
+    }
+    # For a Prometheus that discovers pods by annotation rather than through a PodMonitor.
+    scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(settings.gateway.port),
+              "prometheus.io/path": "/metrics"}
+    metadata = {"labels": object_labels(spec, HEAD_COMPONENT), "annotations": scrape}
+    pod = {"nodeSelector": dict(spec.head_node_labels), "containers": [container]}
+    return {"rayStartParams": params, "template": {"metadata": metadata, "spec": pod}}
+
+
+def _worker_group(settings: Settings, role: Role) -> dict[str, Any]:
+    spec, pool = settings.kubernetes, settings.pool(role)
+    placement = pool.placement
+    params = {"resources": ray_resources_param(placement.resources)} if placement.resources else {}
+    container = {
+        "name": "ray-worker",
+        "image": spec.image,
+        "imagePullPolicy": "IfNotPresent",
+        "env": [*_ray_auth_env(spec), *_engine_env(pool)],
+        "resources": _resources(cpus=placement.cpus, memory_gib=placement.memory_gib, devices=_devices(pool)),
+        "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
+        # NIXL registers (pins) the KV cache with the NIC; IPC_LOCK lifts the memlock limit on it.
+        "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
+    }
+    pod: dict[str, Any] = {
+        "containers": [container],
+        "volumes": [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": _memory(spec.shm_gib)}}],
+    }
+    if placement.node_labels:
+        pod["nodeSelector"] = dict(placement.node_labels)
+    if pool.device == "cuda":
+        pod["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    return {
+        "groupName": role.value,
+        "replicas": pool.engines,
+        "minReplicas": pool.engines,
+        "maxReplicas": pool.engines,
+        "rayStartParams": params,
+        "template": {"metadata": {"labels": object_labels(spec, role.value)}, "spec": pod},
+    }
+
+
+def _ray_auth_env(spec: KubernetesSpec) -> list[dict[str, Any]]:
+    """Ray's token auth on every node; set here too so KubeRay versions without authOptions carry it."""
+    token = {"secretKeyRef": {"name": ray_token_secret_name(spec), "key": RAY_TOKEN_SECRET_KEY}}
+    return [{"name": "RAY_AUTH_MODE", "value": "token"}, {"name": "RAY_AUTH_TOKEN", "valueFrom": token}]
+
+
+def _engine_env(pool: PoolSpec) -> list[dict[str, Any]]:
+    """vLLM and NIXL reach this pod at its own IP; over EFA, libfabric must pick the efa provider."""
+    env: list[dict[str, Any]] = [{"name": "VLLM_HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+    if pool.placement.efa_devices:
+        env.append({"name": "FI_PROVIDER", "value": "efa"})
+    return env
+
+
+def _devices(pool: PoolSpec) -> dict[str, int]:
+    devices = {GPU_RESOURCE: pool.tensor_parallel_size} if pool.device == "cuda" else {}
+    if pool.placement.efa_devices:
+        devices[EFA_RESOURCE] = pool.placement.efa_devices
+    return devices
+
+
+def _resources(*, cpus: float, memory_gib: float, devices: dict[str, int]) -> dict[str, Any]:
+    """Requests equal to limits: Ray sizes its node from them and the pod is never overcommitted."""
+    amounts: dict[str, Any] = {"cpu": _cpu(cpus), "memory": _memory(memory_gib), **devices}
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def _cpu(cpus: float) -> str:
+    return str(int(cpus)) if cpus.is_integer() else f"{round(cpus * 1000)}m"
+
+
+def _memory(gib: float) -> str:
+    return f"{int(gib)}Gi" if gib.is_integer() else f"{round(gib * 1024)}Mi"

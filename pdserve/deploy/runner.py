@@ -1,0 +1,173 @@
+"""Execute (or only print) a plan of steps with subprocesses: the I/O edge of ``pdserve cloud``.
+
+Knows nothing of EKS: it runs each step's checks and command, prints one progress line per
+change, and stops at the first failure with the step's name, command and stderr.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from pdserve.deploy.steps import Poll, Readiness, Step
+from pdserve.errors import DeployError
+
+Progress = Callable[[str], None]
+
+TOOL_SOURCES = {
+    "aws": "https://docs.aws.amazon.com/cli/latest/userguide/getting-started-install.html",
+    "eksctl": "https://eksctl.io/installation/",
+    "helm": "https://helm.sh/docs/intro/install/",
+    "kubectl": "https://kubernetes.io/docs/tasks/tools/",
+}
+CHECK_TIMEOUT_S = 120.0
+STEP_TIMEOUT_S = 3600.0  # creating or deleting an EKS cluster takes many minutes; a hang does not last forever
+HEARTBEAT_S = 30.0
+_STDERR_TAIL_LINES = 20
+
+
+def plan_tools(steps: Iterable[Step]) -> set[str]:
+    return set().union(*(step.tools for step in steps))
+
+
+def missing_tools(tools: Iterable[str]) -> str:
+    """'' when every tool is on PATH; else one line per missing tool and where to get it."""
+    return "\n".join(f"  {tool}: not on PATH; install it from {TOOL_SOURCES.get(tool, 'its vendor')}"
+                     for tool in sorted(tools) if shutil.which(tool) is None)
+
+
+def require_tools(tools: Iterable[str]) -> None:
+    """Raise DeployError naming every missing tool, before any of them runs."""
+    missing = missing_tools(tools)
+    if missing:
+        raise DeployError(f"pdserve cloud needs these command-line tools:\n{missing}")
+
+
+def run_plan(steps: Sequence[Step], *, progress: Progress) -> None:
+    """Run ``steps`` in order, skipping those whose checks say so. Raises DeployError at the first
+    failing step; the ones before it are done, so running the plan again resumes there."""
+    require_tools(plan_tools(steps))
+    for index, step in enumerate(steps, start=1):
+        label = _label(step, index=index, total=len(steps))
+        if step.done_check and _succeeds(step.done_check):
+            progress(f"{label} skipped (already done)")
+            continue
+        if step.only_if and not _succeeds(step.only_if):
+            progress(f"{label} skipped (nothing to do)")
+            continue
+        progress(f"{label} running: {shlex.join(step.argv)}")
+        started_s = time.monotonic()
+        if step.poll is None:
+            _execute(step, label=label, progress=progress)
+        else:
+            _wait_until_ready(step, step.poll, label=label, progress=progress)
+        progress(f"{label} done {time.monotonic() - started_s:.1f}s")
+
+
+def print_plan(steps: Sequence[Step], *, progress: Progress) -> None:
+    """Every command in order, with its checks and its input (secrets hidden); runs nothing."""
+    shown: dict[str, str] = {}
+    for index, step in enumerate(steps, start=1):
+        label = _label(step, index=index, total=len(steps))
+        indent = " " * (len(label) + 1)
+        progress(f"{label} {shlex.join(step.argv)}")
+        if step.done_check:
+            progress(f"{indent}skipped when this succeeds: {shlex.join(step.done_check)}")
+        if step.only_if:
+            progress(f"{indent}run only if this succeeds: {shlex.join(step.only_if)}")
+        if step.poll is not None:
+            progress(f"{indent}repeated every {step.poll.interval_s:.0f}s until ready, "
+                     f"at most {step.poll.timeout_s:.0f}s")
+        if step.is_stdin_secret:
+            progress(f"{indent}stdin: (secret, not shown)")
+        elif step.stdin in shown:
+            progress(f"{indent}stdin: the same as step {shown[step.stdin]}")
+        elif step.stdin:
+            shown[step.stdin] = step.name
+            progress(f"{indent}stdin:")
+            progress("\n".join(f"{indent}  {line}" for line in step.stdin.rstrip("\n").splitlines()))
+    missing = missing_tools(plan_tools(steps))
+    if missing:
+        progress(f"warning: `up`/`down` without --dry-run would stop here:\n{missing}")
+
+
+def capture(argv: Sequence[str], *, what: str, timeout_s: float = CHECK_TIMEOUT_S) -> str:
+    """The stdout of a read-only command; raises DeployError naming ``what`` it was for."""
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                                timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise DeployError(f"{what}: {shlex.join(argv)} did not finish in {timeout_s:.0f}s") from exc
+    if result.returncode != 0:
+        raise DeployError(_failure(what, argv, result.returncode, result.stderr or result.stdout))
+    return result.stdout
+
+
+def _label(step: Step, *, index: int, total: int) -> str:
+    return f"[{index:>{len(str(total))}}/{total}] {step.name:<18}"
+
+
+def _succeeds(argv: Sequence[str]) -> bool:
+    try:
+        result = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL, timeout=CHECK_TIMEOUT_S,
+                                check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise DeployError(f"check {shlex.join(argv)} did not answer in {CHECK_TIMEOUT_S:.0f}s") from exc
+    return result.returncode == 0
+
+
+def _execute(step: Step, *, label: str, progress: Progress) -> None:
+    """Run the command, feeding ``stdin``; a heartbeat line while it takes long (eksctl: minutes)."""
+    started_s = time.monotonic()
+    with subprocess.Popen(step.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as process:
+        while True:
+            try:
+                # communicate() may be called again after a timeout; the input is sent only once
+                _, stderr = process.communicate(step.stdin, timeout=HEARTBEAT_S)
+                break
+            except subprocess.TimeoutExpired:
+                elapsed_s = time.monotonic() - started_s
+                if elapsed_s > STEP_TIMEOUT_S:
+                    process.kill()
+                    raise DeployError(f"step {step.name} did not finish in {STEP_TIMEOUT_S:.0f}s: "
+                                      f"{shlex.join(step.argv)}") from None
+                progress(f"{label} still running ({elapsed_s:.0f}s)")
+    if process.returncode != 0:
+        raise DeployError(_failure(f"step {step.name}", step.argv, process.returncode, stderr))
+
+
+def _wait_until_ready(step: Step, poll: Poll, *, label: str, progress: Progress) -> None:
+    started_s = time.monotonic()
+    while True:
+        readiness = _look(step.argv, poll)
+        elapsed_s = time.monotonic() - started_s
+        if readiness.is_ready:
+            progress(f"{label} ready: {readiness.summary}")
+            return
+        if elapsed_s > poll.timeout_s:
+            raise DeployError(f"step {step.name}: not ready after {poll.timeout_s:.0f}s "
+                              f"({readiness.summary}); `pdserve cloud status` shows where it stands")
+        progress(f"{label} waiting {elapsed_s:.0f}s: {readiness.summary}")
+        time.sleep(poll.interval_s)
+
+
+def _look(argv: Sequence[str], poll: Poll) -> Readiness:
+    """One poll; a failing or hanging command is "not yet", summarised by its last stderr line."""
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                                timeout=CHECK_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return Readiness(is_ready=False, summary=f"no answer in {CHECK_TIMEOUT_S:.0f}s")
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or [f"exit {result.returncode}"])[-1]
+        return Readiness(is_ready=False, summary=last)
+    return poll.check(result.stdout)
+
+
+def _failure(what: str, argv: Sequence[str], returncode: int, stderr: str) -> str:
+    tail = "\n".join(f"  {line}" for line in stderr.strip().splitlines()[-_STDERR_TAIL_LINES:])
+    return f"{what} failed (exit {returncode}): {shlex.join(argv)}" + (f"\n{tail}" if tail else "")

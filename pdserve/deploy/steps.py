@@ -1,0 +1,51 @@
+"""What a deployment plan is made of: steps, each one command plus the checks that make it safe to re-run.
+
+Data only: ``eks.py`` builds plans from these, ``runner.py`` executes or prints them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """One look at something that takes a while to come up: is it there yet, and where it stands."""
+
+    is_ready: bool
+    summary: str
+
+
+@dataclass(frozen=True, slots=True)
+class Poll:
+    """Repeat a step's command every ``interval_s`` until ``check(stdout)`` says ready, for at most
+    ``timeout_s``; a failing command counts as "not yet" (the object may not exist yet)."""
+
+    check: Callable[[str], Readiness]
+    timeout_s: float
+    interval_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One command of a plan.
+
+    ``done_check`` exits 0 when the work is already done (a re-run skips the step); ``only_if``
+    exits non-zero when there is nothing to do (a removal of something already gone). Empty = no
+    check: the command is idempotent by itself. ``stdin`` carries configs and manifests, so the
+    plan needs no files; when ``is_stdin_secret`` it is never shown.
+    """
+
+    name: str
+    argv: tuple[str, ...]
+    done_check: tuple[str, ...] = ()
+    only_if: tuple[str, ...] = ()
+    stdin: str = ""
+    is_stdin_secret: bool = False
+    poll: Poll | None = None
+
+    @property
+    def tools(self) -> set[str]:
+        """Executables this step runs, its checks included."""
+        return {argv[0] for argv in (self.argv, self.done_check, self.only_if) if argv}

@@ -1,0 +1,61 @@
+"""Build the Ray Serve application from pdserve's configuration: a prefill and a decode
+deployment of engine replicas, and the gateway replica that fronts them.
+
+Ray Serve places, restarts and counts the replicas; nothing here schedules anything.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray import serve
+from ray.serve import Application
+
+from pdserve.config import PoolSpec, Settings, parse_settings
+from pdserve.ray.engine_replica import EngineReplica
+from pdserve.ray.gateway_replica import GatewayReplica
+from pdserve.ray.names import GATEWAY_DEPLOYMENT
+from pdserve.role import Role
+
+# Serve may stop a replica this long after asking; the engine itself gets 20 s of it.
+ENGINE_SHUTDOWN_S = 30.0
+
+
+def app(args: dict[str, Any]) -> Application:
+    """The Serve application for ``args``, a pdserve configuration tree (as `render serve` writes)."""
+    settings = parse_settings(args, source="Serve application args")
+    engines = {
+        role: serve.deployment(**engine_options(settings, role))(EngineReplica).bind(args, role.value) for role in Role
+    }
+    gateway = serve.deployment(
+        name=GATEWAY_DEPLOYMENT, num_replicas=1,
+        ray_actor_options={"num_cpus": settings.ray.gateway_cpus, "resources": dict(settings.ray.gateway_resources)},
+        health_check_period_s=settings.ray.health_check_period_s,
+    )(GatewayReplica)
+    application: Application = gateway.bind(args, engines[Role.PREFILL], engines[Role.DECODE])
+    return application
+
+
+def engine_options(settings: Settings, role: Role) -> dict[str, Any]:
+    """Serve deployment options for one pool: its replica count, and per replica the CPUs, GPUs
+    (one per tensor-parallel rank) and custom resources its engine needs."""
+    pool = settings.pool(role)
+    options: dict[str, Any] = {
+        "name": role.value,
+        "num_replicas": pool.engines,
+        "ray_actor_options": replica_resources(pool),
+        "health_check_period_s": settings.ray.health_check_period_s,
+        "health_check_timeout_s": settings.gateway.health_timeout_s,
+        "graceful_shutdown_timeout_s": ENGINE_SHUTDOWN_S,
+        "max_ongoing_requests": 1,  # Serve only calls the replica for health; tokens go over HTTP
+    }
+    if pool.device == "cuda" and pool.tensor_parallel_size > 1:
+        # All of one engine's GPUs on one node: vLLM's tensor-parallel workers share it.
+        bundle = {"CPU": pool.placement.cpus, "GPU": float(pool.tensor_parallel_size), **pool.placement.resources}
+        options |= {"placement_group_bundles": [bundle], "placement_group_strategy": "STRICT_PACK"}
+    return options
+
+
+def replica_resources(pool: PoolSpec) -> dict[str, Any]:
+    gpus = pool.tensor_parallel_size if pool.device == "cuda" else 0
+    return {"num_cpus": pool.placement.cpus, "num_gpus": gpus, "resources": dict(pool.placement.resources)}

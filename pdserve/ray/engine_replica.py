@@ -1,0 +1,115 @@
+"""One Ray Serve replica runs one vLLM engine on the node Ray placed it on, bound to that node's
+address (NIXL side channel and ``VLLM_HOST_IP`` included). Serve's health check asks the
+engine's ``/health``; each healthy answer also renews the engine's registration with the
+gateway, so a replica Serve replaces or adds is used within seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import ray
+from ray import serve
+from ray.exceptions import RayError
+from ray.serve.exceptions import RayServeException
+
+from pdserve.config import EngineSpec, Settings, parse_settings
+from pdserve.engines.command import build_engine_command, split_cpus
+from pdserve.engines.launcher import EngineProcess, bring_up
+from pdserve.errors import EngineStartFailed
+from pdserve.ray.names import GATEWAY_DEPLOYMENT
+from pdserve.role import Role
+from pdserve.routing.health import probe
+from pdserve.up import resolve_model
+
+log = logging.getLogger(__name__)
+ANNOUNCE_TIMEOUT_S = 5.0
+
+
+class EngineReplica:
+    async def __init__(self, args: dict[str, Any], role: str) -> None:  # type: ignore[misc]  # Serve awaits it
+        settings = parse_settings(args, source="Serve application args")
+        context = serve.get_replica_context()
+        self._role = Role(role)
+        self._spec = replica_engine_spec(settings, self._role, host=ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
+                                         rank=context.rank.rank, instance=context.replica_id.unique_id)
+        cpu_bind = replica_cpu_bind(settings.pool(self._role).cpu_threads_bind, local_rank=context.rank.local_rank,
+                                    cpus=sorted(os.sched_getaffinity(0)))
+        model_path = await resolve_model(settings, progress=log.info)
+        command = build_engine_command(
+            self._spec, model=settings.model, model_path=model_path, kv=settings.kv,
+            python=settings.launch.python or sys.executable, host=self._spec.host, cpu_bind=cpu_bind,
+        )
+        log_path = Path(settings.launch.log_dir).resolve() / f"{self._spec.name}-{self._spec.instance}.log"
+        self._engine = EngineProcess(self._spec, command, log_path=log_path)
+        self._session = aiohttp.ClientSession()
+        self._health_timeout_s = settings.gateway.health_timeout_s
+        self._gateway = serve.get_deployment_handle(GATEWAY_DEPLOYMENT, app_name=context.app_name)
+        log.info("starting %s at %s (log %s)", self._spec.name, self._spec.base_url, log_path)
+        await self._engine.start()
+        try:
+            await bring_up(self._engine, self._session, timeout_s=settings.launch.ready_timeout_s, progress=log.info)
+        except BaseException:
+            await self._stop()
+            raise
+        await self._announce()
+
+    async def check_health(self) -> None:
+        """Raises when the engine has died or stopped answering: Serve then replaces this replica."""
+        if not self._engine.is_running:
+            raise EngineStartFailed(f"{self._spec.name} exited:\n{self._engine.log_tail()}")
+        problem = await probe(self._session, self._spec.base_url, timeout_s=self._health_timeout_s)
+        if problem is not None:
+            raise EngineStartFailed(f"{self._spec.name} at {self._spec.base_url} is unhealthy: {problem}")
+        await self._announce()
+
+    def engine_url(self) -> str:
+        return self._spec.base_url
+
+    async def _announce(self) -> None:
+        """Tell the gateway this engine serves; never fails the health check over it."""
+        try:
+            await asyncio.wait_for(self._gateway.register.remote(self._role.value, self._spec.base_url),
+                                   timeout=ANNOUNCE_TIMEOUT_S)
+        except (TimeoutError, RayError, RayServeException) as exc:
+            log.warning("could not register %s with the gateway yet: %r", self._spec.base_url, exc)
+
+    async def __del__(self) -> None:
+        await self._stop()
+
+    async def _stop(self) -> None:
+        """Unregister first, so no new request is sent to an engine that is going away."""
+        with contextlib.suppress(TimeoutError, RayError, RayServeException):
+            await asyncio.wait_for(self._gateway.unregister.remote(self._role.value, self._spec.base_url),
+                                   timeout=ANNOUNCE_TIMEOUT_S)
+        await self._engine.stop()
+        await self._session.close()
+
+
+def replica_engine_spec(settings: Settings, role: Role, *, host: str, rank: int, instance: str) -> EngineSpec:
+    """The engine of one replica: the pool's settings on free ports of this node's address."""
+    pool = settings.pool(role)
+    return EngineSpec(
+        role=role, index=rank, port=free_port(host), side_channel_port=free_port(host),
+        gpu_ids=[int(gpu) for gpu in ray.get_gpu_ids()], cpu_threads_bind="", pool=pool, host=host, instance=instance,
+    )
+
+
+def replica_cpu_bind(configured: list[str], *, local_rank: int, cpus: list[int]) -> str:
+    """Cores for a CPU engine: the pool's list by the replica's rank on its node, else the node's."""
+    return configured[local_rank % len(configured)] if configured else split_cpus(cpus, 1)[0]
+
+
+def free_port(host: str) -> int:
+    """A port nothing on ``host`` listens on now (the kernel's pick)."""
+    with socket.socket() as probe_socket:
+        probe_socket.bind((host, 0))
+        port: int = probe_socket.getsockname()[1]
+        return port

@@ -1,0 +1,3 @@
+"""Names the Serve application's parts know each other by (no imports: every part reads them)."""
+
+GATEWAY_DEPLOYMENT = "gateway"

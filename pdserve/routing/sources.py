@@ -1,0 +1,77 @@
+"""Where the gateway learns which engines exist: a fixed list, or engines that register.
+
+The one seam between placement and the request path: a source keeps the pool's endpoint lists
+current; the orchestrator, policies and health loop only ever read the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+from pdserve.role import Role
+from pdserve.routing.pool import Pool
+
+log = logging.getLogger(__name__)
+
+
+class EndpointSource(Protocol):
+    async def follow(self, pool: Pool) -> None:
+        """Keep ``pool``'s endpoints current until cancelled."""
+
+
+class FixedEndpoints:
+    """Engines at known addresses: launched by ``pdserve up`` on this host, or given as urls."""
+
+    def __init__(self, *, prefill_urls: Sequence[str], decode_urls: Sequence[str]) -> None:
+        self._urls = {Role.PREFILL: list(prefill_urls), Role.DECODE: list(decode_urls)}
+
+    async def follow(self, pool: Pool) -> None:
+        for role, urls in self._urls.items():
+            pool.set_urls(role, urls)
+
+
+class RegisteredEndpoints:
+    """Engines that announce themselves and renew the announcement, as Ray Serve replicas do on
+    every health check; one not renewed within ``ttl_s`` is dropped (its replica is gone).
+
+    ``register`` and ``unregister`` may be called from any thread; ``follow`` runs on the
+    gateway's event loop and copies the current view into the pool every ``sync_interval_s``.
+    """
+
+    def __init__(self, *, ttl_s: float, sync_interval_s: float = 0.5) -> None:
+        self._ttl_s, self._sync_interval_s = ttl_s, sync_interval_s
+        self._lock = threading.Lock()
+        self._last_seen_s: dict[tuple[Role, str], float] = {}
+
+    def register(self, role: Role, url: str) -> None:
+        with self._lock:
+            if (role, url) not in self._last_seen_s:
+                log.info("%s engine %s registered", role.value, url)
+            self._last_seen_s[(role, url)] = time.monotonic()
+
+    def unregister(self, role: Role, url: str) -> None:
+        with self._lock:
+            if self._last_seen_s.pop((role, url), None) is not None:
+                log.info("%s engine %s unregistered", role.value, url)
+
+    def current(self, role: Role) -> list[str]:
+        """Registered urls of ``role`` renewed within the ttl, oldest registration first."""
+        expired_before_s = time.monotonic() - self._ttl_s
+        with self._lock:
+            for key in [key for key, seen_s in self._last_seen_s.items() if seen_s < expired_before_s]:
+                log.warning("%s engine %s stopped renewing its registration; dropped", key[0].value, key[1])
+                del self._last_seen_s[key]
+            return [url for (kind, url) in self._last_seen_s if kind is role]
+
+    async def follow(self, pool: Pool) -> None:
+        while True:
+            for role in Role:
+                urls = self.current(role)
+                if pool.set_urls(role, urls):
+                    log.info("%s engines now: %s", role.value, ", ".join(urls) or "none")
+            await asyncio.sleep(self._sync_interval_s)

@@ -1,0 +1,214 @@
+"""``pdserve cloud up|status|down`` through the real code path, against stand-in eksctl, kubectl,
+helm and aws executables that record every call and keep what they "created" (eks_standins.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from pdserve.cli import app
+
+STANDINS = Path(__file__).with_name("eks_standins.py")
+TOOLS = ("aws", "eksctl", "helm", "kubectl")
+CONFIG = """
+prefill:
+  device: cuda
+  gpu_ids: [0]
+  placement: {node_labels: {pdserve.io/node-role: gpu}, efa_devices: 1}
+decode:
+  device: cuda
+  gpu_ids: [0]
+  placement: {node_labels: {pdserve.io/node-role: gpu}, efa_devices: 1}
+gateway: {port: 9000}
+kubernetes: {name: pdserve, namespace: serving}
+eks: {cluster_name: demo, region: us-west-2, gpu_nodes: 2}
+"""
+UP_STEPS = ["cluster", "system-nodes", "gpu-nodes", "kubeconfig", "efa-device-plugin", "helm-repo",
+            "kuberay-operator", "namespace", "ray-token", "manifests", "pod-monitor", "serving"]
+DOWN_STEPS = ["kubeconfig", "pod-monitor", "manifests", "ray-token", "kuberay-operator", "cluster", "kube-context"]
+# the commands `up` runs (checks left out), by their leading words without --context
+UP_COMMANDS = [
+    "aws ec2 describe-instance-type-offerings", "eksctl create cluster", "eksctl create nodegroup -f - --include system",
+    "eksctl create nodegroup -f - --include gpu", "aws eks update-kubeconfig", "kubectl patch", "helm repo add",
+    "helm upgrade --install", "kubectl apply", "kubectl create secret", "kubectl apply", "kubectl get rayservice",
+]
+CHECKS = ("get", "status", "get-contexts")
+
+
+@dataclass(frozen=True)
+class Standins:
+    bin_dir: Path
+    log: Path
+    config: Path
+
+    def calls(self) -> list[dict[str, Any]]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines()]
+
+    def commands(self) -> list[str]:
+        """Every call but the existence checks, as 'tool words...'."""
+        return [" ".join([call["tool"], *call["words"]]) for call in self.calls()
+                if not _is_check(call["tool"], call["words"])]
+
+    def forget_calls(self) -> None:
+        self.log.unlink(missing_ok=True)
+
+
+def _is_check(tool: str, words: list[str]) -> bool:
+    if tool == "kubectl" and words[:2] == ["get", "rayservice"]:
+        return False  # the wait for the app: a step of its own
+    return (words[0] in CHECKS or words[:2] == ["config", "get-contexts"]) and tool != "aws"
+
+
+@pytest.fixture
+def standins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Standins:
+    """The four tools, and nothing else, on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in TOOLS:
+        wrapper = bin_dir / tool
+        wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{STANDINS}" {tool} "$@"\n')
+        wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setenv("STANDIN_LOG", str(tmp_path / "calls.jsonl"))
+    monkeypatch.setenv("STANDIN_STATE", str(tmp_path / "state.json"))
+    monkeypatch.delenv("STANDIN_FAIL", raising=False)
+    config = tmp_path / "eks.yaml"
+    config.write_text(CONFIG)
+    return Standins(bin_dir=bin_dir, log=tmp_path / "calls.jsonl", config=config)
+
+
+def cloud(standins: Standins, *args: str) -> Result:
+    return CliRunner().invoke(app, ["cloud", *args, "--config", str(standins.config)])
+
+
+def step_lines(output: str) -> dict[str, list[str]]:
+    """Step name -> its progress lines ('[3/12] name  ...')."""
+    lines: dict[str, list[str]] = {}
+    for match in re.finditer(r"^\[ *\d+/\d+\] (\S+) +(.*)$", output, flags=re.MULTILINE):
+        lines.setdefault(match.group(1), []).append(match.group(2))
+    return lines
+
+
+def test_up_dry_run_prints_every_command_and_manifest_in_order_and_calls_no_tool(standins: Standins) -> None:
+    result = cloud(standins, "up", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert list(step_lines(result.output)) == UP_STEPS
+    assert re.findall(r"^\[ *(\d+)/12\]", result.output, flags=re.MULTILINE) == [str(n) for n in range(1, 13)]
+    assert "aws ec2 describe-instance-type-offerings" in result.output
+    for content in ("kind: ClusterConfig", "efaEnabled: true", "kind: RayService", "kind: Service",
+                    "kind: PodMonitor", "helm upgrade --install kuberay-operator kuberay/kuberay-operator"):
+        assert content in result.output
+    assert "stdin: (secret, not shown)" in result.output
+    assert standins.calls() == []
+
+
+def test_down_dry_run_prints_the_plan_in_reverse_and_calls_no_tool(standins: Standins) -> None:
+    result = cloud(standins, "down", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert list(step_lines(result.output)) == DOWN_STEPS
+    assert "eksctl delete cluster --name demo --region us-west-2 --wait" in result.output
+    assert standins.calls() == []
+
+
+def test_up_runs_the_tools_in_order_and_says_how_to_reach_the_app(standins: Standins) -> None:
+    result = cloud(standins, "up")
+    assert result.exit_code == 0, result.output
+    commands = standins.commands()
+    assert len(commands) == len(UP_COMMANDS)
+    for command, expected in zip(commands, UP_COMMANDS, strict=True):
+        assert command.startswith(expected), (command, expected)
+    cluster_config = next(call["stdin"] for call in standins.calls() if call["words"][:2] == ["create", "cluster"])
+    assert "- us-west-2b\n" in cluster_config and "us-west-2d" not in cluster_config  # first zone offering g6
+    assert "skipped (nothing to do)" in step_lines(result.output)["pod-monitor"][0]  # no Prometheus Operator
+    assert "port-forward svc/pdserve-gateway --namespace serving 9000:openai" in result.output
+
+
+def test_the_ray_token_reaches_kubectl_through_stdin_only(standins: Standins) -> None:
+    result = cloud(standins, "up")
+    assert result.exit_code == 0, result.output
+    (secret_call,) = [call for call in standins.calls() if call["words"][:2] == ["create", "secret"]]
+    token = secret_call["stdin"]
+    assert len(token) >= 40
+    assert token not in result.output
+    assert all(token not in " ".join(call["argv"]) for call in standins.calls())
+
+
+def test_a_failed_step_stops_the_plan_with_its_error_and_a_rerun_resumes(
+    standins: Standins, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("STANDIN_FAIL", "helm upgrade")
+    failed = cloud(standins, "up")
+    assert failed.exit_code == 1
+    assert "step kuberay-operator failed (exit 1): helm upgrade --install" in failed.stderr
+    assert "simulated failure of helm upgrade" in failed.stderr
+    assert standins.commands()[-1].startswith("helm upgrade"), "nothing runs after the failed step"
+
+    monkeypatch.delenv("STANDIN_FAIL")
+    standins.forget_calls()
+    resumed = cloud(standins, "up")
+    assert resumed.exit_code == 0, resumed.output
+    steps = step_lines(resumed.output)
+    for done in ("cluster", "system-nodes", "gpu-nodes"):
+        assert steps[done] == ["skipped (already done)"]
+    assert not [command for command in standins.commands() if command.startswith("eksctl create")]
+    assert any(command.startswith("helm upgrade --install") for command in standins.commands())
+
+
+def test_down_runs_in_reverse_and_a_second_down_has_nothing_left_to_do(standins: Standins) -> None:
+    assert cloud(standins, "up").exit_code == 0
+    standins.forget_calls()
+    down = cloud(standins, "down")
+    assert down.exit_code == 0, down.output
+    removals = [command for command in standins.commands() if command.split()[1] in ("delete", "uninstall", "config")]
+    assert [" ".join(command.split()[:3]) for command in removals] == [
+        "kubectl delete -f", "helm uninstall kuberay-operator", "eksctl delete cluster", "kubectl config delete-context"]
+    assert step_lines(down.output)["ray-token"] == ["skipped (nothing to do)"]  # went with the namespace
+
+    standins.forget_calls()
+    again = cloud(standins, "down")
+    assert again.exit_code == 0, again.output
+    assert all(lines == ["skipped (nothing to do)"] for lines in step_lines(again.output).values())
+
+
+def test_missing_tools_are_named_with_where_to_get_them_before_anything_runs(standins: Standins) -> None:
+    (standins.bin_dir / "eksctl").unlink()
+    (standins.bin_dir / "helm").unlink()
+    result = cloud(standins, "up")
+    assert result.exit_code == 1
+    assert "eksctl: not on PATH; install it from https://eksctl.io/installation/" in result.stderr
+    assert "helm: not on PATH; install it from https://helm.sh/docs/intro/install/" in result.stderr
+    assert "kubectl" not in result.stderr
+    assert standins.calls() == []
+
+    dry_run = cloud(standins, "down", "--dry-run")
+    assert dry_run.exit_code == 0
+    assert "warning:" in dry_run.output and "eksctl: not on PATH" in dry_run.output
+
+
+def test_status_shows_pods_on_nodes_gpu_and_efa_the_app_and_gateway_checks(standins: Standins) -> None:
+    assert cloud(standins, "up").exit_code == 0
+    result = cloud(standins, "status")
+    assert result.exit_code == 0, result.output
+    assert re.search(r"pdserve-prefill-worker-a1\s+1/1\s+Running\s+1\s+ip-10-0-3-7\s+10\.0\.3\.7", result.output)
+    assert re.search(r"ip-10-0-3-7\s+g6\.8xlarge\s+us-west-2b\s+Ready\s+1\s+1", result.output)
+    assert re.search(r"pdserve\s+RUNNING \(prefill HEALTHY, decode HEALTHY, gateway HEALTHY\)", result.output)
+    assert re.search(r"pd==local\s+OK\s+3 greedy tokens identical", result.output)
+    assert re.search(r"kv-transfers\s+OK\s+http://10\.0\.3\.7:8200: 12 transfers, 400\.0 MB at 2 GB/s", result.output)
+    assert re.search(r"engine-probe\s+SKIPPED", result.output)
+    forward = [call for call in standins.calls() if call["words"][:1] == ["port-forward"]]
+    assert forward and forward[0]["words"][-1] == ":openai"
+
+
+def test_status_before_up_fails_naming_what_is_missing(standins: Standins) -> None:
+    result = cloud(standins, "status")
+    assert result.exit_code == 1
+    assert "RayService pdserve failed" in result.stderr and "not found" in result.stderr

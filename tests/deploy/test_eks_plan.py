@@ -1,0 +1,140 @@
+"""The pure parts of ``pdserve cloud``: the ClusterConfig, zone choice, readiness, and the runner's wait."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pdserve.config import Settings, load_settings, parse_settings
+from pdserve.deploy.eks import plan_down, plan_up, rayservice_readiness
+from pdserve.deploy.eksctl import GPU_NODE_GROUP, SYSTEM_NODE_GROUP, choose_zones, cluster_config
+from pdserve.deploy.k8s import render_manifests
+from pdserve.deploy.runner import run_plan
+from pdserve.deploy.steps import Poll, Step
+from pdserve.errors import ConfigError, DeployError
+
+EKS_EXAMPLE = Path(__file__).parents[2] / "examples" / "eks-g6-efa.yaml"
+OFFERINGS = json.dumps({"InstanceTypeOfferings": [
+    {"InstanceType": "g6.8xlarge", "Location": "us-west-2c"}, {"InstanceType": "g6.8xlarge", "Location": "us-west-2b"},
+    {"InstanceType": "m7i.xlarge", "Location": "us-west-2b"}, {"InstanceType": "m7i.xlarge", "Location": "us-west-2a"},
+]})
+
+
+def eks_settings(**tree: Any) -> Settings:
+    pools = {"device": "cuda", "gpu_ids": [0], "placement": {"node_labels": {"pdserve.io/gpu": "l4"}, "efa_devices": 1}}
+    return parse_settings({"prefill": pools, "decode": pools, "gateway": {"port": 9000}, **tree}, source="test")
+
+
+def node_group(config: dict[str, Any], name: str) -> dict[str, Any]:
+    (group,) = [group for group in config["managedNodeGroups"] if group["name"] == name]
+    return group
+
+
+def rendered_node_selectors(settings: Settings) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """(the head's nodeSelector, each worker group's) from the RayService ``render k8s`` writes."""
+    (rayservice,) = [obj for obj in render_manifests(settings) if obj["kind"] == "RayService"]
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    head = cluster["headGroupSpec"]["template"]["spec"].get("nodeSelector", {})
+    workers = [group["template"]["spec"].get("nodeSelector", {}) for group in cluster["workerGroupSpecs"]]
+    return head, workers
+
+
+@pytest.mark.parametrize("settings", [eks_settings(), load_settings(EKS_EXAMPLE)], ids=["labels", "eks-example"])
+def test_node_groups_carry_the_labels_the_rendered_pods_select(settings: Settings) -> None:
+    zones = choose_zones(OFFERINGS, settings.eks)
+    config = cluster_config(settings, zones)
+    system, gpu = node_group(config, SYSTEM_NODE_GROUP), node_group(config, GPU_NODE_GROUP)
+    head_selector, worker_selectors = rendered_node_selectors(settings)
+    # the kubelet labels every node with its instance type itself
+    system_labels = system["labels"] | {"node.kubernetes.io/instance-type": system["instanceType"]}
+    gpu_labels = gpu["labels"] | {"node.kubernetes.io/instance-type": gpu["instanceType"]}
+    assert head_selector and head_selector.items() <= system_labels.items()
+    assert len(worker_selectors) == 2
+    for selector in worker_selectors:
+        assert selector and selector.items() <= gpu_labels.items()
+
+
+def test_the_efa_gpu_group_sits_in_one_zone_that_offers_its_instance_type() -> None:
+    settings = eks_settings()
+    config = cluster_config(settings, choose_zones(OFFERINGS, settings.eks))
+    gpu = node_group(config, GPU_NODE_GROUP)
+    assert gpu["availabilityZones"] == ["us-west-2b"]  # first sorted zone offering g6.8xlarge
+    assert gpu["efaEnabled"] is True and gpu["privateNetworking"] is True
+    assert gpu["taints"] == [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]
+    assert (gpu["instanceType"], gpu["desiredCapacity"]) == ("g6.8xlarge", 2)
+    assert config["availabilityZones"] == ["us-west-2b", "us-west-2a"]  # EKS wants two zones
+    assert node_group(config, SYSTEM_NODE_GROUP)["availabilityZones"] == ["us-west-2b", "us-west-2a"]
+
+
+def test_a_configured_zone_that_lacks_the_instance_type_is_refused_naming_the_zones_that_have_it() -> None:
+    settings = eks_settings(eks={"availability_zone": "us-west-2a"})
+    with pytest.raises(DeployError, match=r"g6.8xlarge is not offered in zone us-west-2a \(offered in: us-west-2b, "
+                                          r"us-west-2c\)"):
+        choose_zones(OFFERINGS, settings.eks)
+
+
+def test_pools_selecting_different_values_of_one_label_cannot_share_the_gpu_group() -> None:
+    settings = eks_settings(decode={"placement": {"node_labels": {"pdserve.io/gpu": "h200"}}})
+    with pytest.raises(ConfigError, match="pdserve.io/gpu"):
+        cluster_config(settings, choose_zones(OFFERINGS, settings.eks))
+
+
+def test_the_plans_never_carry_the_token_outside_the_secret_steps_stdin() -> None:
+    token = "tok-" + "x" * 40
+    settings = eks_settings()
+    steps = plan_up(settings, zones=choose_zones(OFFERINGS, settings.eks), ray_token=token)
+    carrying = [step for step in steps if token in step.stdin]
+    assert [(step.name, step.is_stdin_secret) for step in carrying] == [("ray-token", True)]
+    assert not any(token in shlex.join(argv) for step in steps for argv in (step.argv, step.done_check, step.only_if))
+
+
+def test_every_step_of_up_and_down_is_safe_to_rerun() -> None:
+    """A create is skipped once done; a removal runs only while there is something to remove."""
+    settings = eks_settings()
+    up = plan_up(settings, zones=choose_zones(OFFERINGS, settings.eks), ray_token="t")
+    creates = [step for step in up if "create" in step.argv]
+    assert {step.name for step in creates} == {"cluster", "system-nodes", "gpu-nodes", "ray-token"}
+    assert all(step.done_check for step in creates)
+    assert all(step.only_if for step in plan_down(settings))
+
+
+def test_the_eksctl_config_is_valid_yaml_for_every_node_group_step() -> None:
+    settings = eks_settings()
+    steps = plan_up(settings, zones=choose_zones(OFFERINGS, settings.eks), ray_token="t")
+    configs = {step.name: yaml.safe_load(step.stdin) for step in steps if step.argv[0] == "eksctl"}
+    assert list(configs) == ["cluster", "system-nodes", "gpu-nodes"]
+    assert all(config == configs["cluster"] for config in configs.values())
+
+
+def test_rayservice_readiness_names_each_deployment_until_ready() -> None:
+    deploying = {"status": {"pendingServiceStatus": {"applicationStatuses": {"pdserve": {
+        "status": "DEPLOYING", "serveDeploymentStatuses": {"prefill": {"status": "UPDATING"}}}}}}}
+    readiness = rayservice_readiness(json.dumps(deploying))
+    assert not readiness.is_ready and readiness.summary == "app pdserve DEPLOYING (prefill UPDATING)"
+    assert rayservice_readiness(json.dumps({"status": {"conditions": [{"type": "Ready", "status": "True"}]}})).is_ready
+    assert rayservice_readiness(json.dumps({"status": {"serviceStatus": "Running"}})).is_ready  # KubeRay < 1.3
+    assert rayservice_readiness(json.dumps({})).summary == "no Serve application status yet"
+
+
+def test_the_wait_prints_progress_until_ready_and_gives_up_at_its_timeout(tmp_path: Path) -> None:
+    counter = tmp_path / "looks"
+    # not ready on the first two looks, ready on the third
+    script = (f"import json, pathlib; p = pathlib.Path({str(counter)!r}); n = int(p.read_text() or 0) "
+              f"if p.exists() else 0; p.write_text(str(n + 1)); print(json.dumps({{'status': "
+              f"{{'serviceStatus': 'Running' if n >= 2 else 'WaitForServeDeploymentReady'}}}}))")
+    look = (sys.executable, "-c", script)
+    lines: list[str] = []
+    run_plan([Step("serving", look, poll=Poll(check=rayservice_readiness, timeout_s=30, interval_s=0.01))],
+             progress=lines.append)
+    assert [line.split()[2] for line in lines] == ["running:", "waiting", "waiting", "ready:", "done"]
+
+    never = (sys.executable, "-c", "print('{}')")
+    with pytest.raises(DeployError, match=r"step serving: not ready after 0s \(no Serve application status yet\)"):
+        run_plan([Step("serving", never, poll=Poll(check=rayservice_readiness, timeout_s=0.05, interval_s=0.01))],
+                 progress=lines.append)

@@ -1,0 +1,262 @@
+"""The rendered Kubernetes objects: valid against KubeRay's CRD and Kubernetes' own schemas, and right.
+
+Golden file: ``PDSERVE_UPDATE_GOLDEN=1 pytest tests/deploy`` rewrites tests/deploy/golden/*.yaml;
+review the diff like code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from pdserve.cli import app
+from pdserve.config import Settings, load_settings
+from pdserve.deploy.k8s import kubernetes_settings, render_manifests, render_yaml, write_manifests
+from pdserve.deploy.k8s_names import RAY_TOKEN_SECRET_KEY, ray_token_secret_name
+from pdserve.deploy.rayservice import ray_resources_param
+from pdserve.deploy.serve import serve_config
+from pdserve.errors import ConfigError
+
+REPO = Path(__file__).parents[2]
+EKS_EXAMPLE = REPO / "examples" / "eks-g6-efa.yaml"
+GOLDEN = Path(__file__).parent / "golden" / "eks-g6-efa.yaml"
+# CI checks out the project with ../shared beside it; the schemas are data, not a dependency.
+CRD_FILE = REPO.parent / "shared" / "schemas" / "kuberay" / "ray.io_rayservices.yaml"
+
+
+def eks() -> Settings:
+    return load_settings(EKS_EXAMPLE)
+
+
+def defaults() -> Settings:
+    """The defaults plus the one change ``render k8s`` asks for: a gateway port Ray does not use."""
+    return load_settings(None, overrides={"gateway.port": 9000})
+
+
+CONFIGS = {"eks-g6-efa": eks, "defaults": defaults}
+
+
+@pytest.fixture(params=sorted(CONFIGS))
+def manifests(request: pytest.FixtureRequest) -> dict[str, dict[str, Any]]:
+    return {obj["kind"]: obj for obj in render_manifests(CONFIGS[request.param]())}
+
+
+def rayservice_schema() -> dict[str, Any]:
+    if not CRD_FILE.is_file():
+        pytest.fail(f"KubeRay's RayService CRD is missing at {CRD_FILE}: check out ../shared beside the project")
+    crd = yaml.safe_load(CRD_FILE.read_text())
+    (v1,) = [version for version in crd["spec"]["versions"] if version["name"] == "v1"]
+    schema: dict[str, Any] = v1["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def pruned_fields(obj: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """Fields the API server would silently drop: set by us, unknown to a structural schema."""
+    if isinstance(obj, dict) and "properties" in schema:
+        found = [f"{path}.{key}" for key in obj if key not in schema["properties"]]
+        for key, value in obj.items():
+            if key in schema["properties"]:
+                found += pruned_fields(value, schema["properties"][key], f"{path}.{key}")
+        return found
+    if isinstance(obj, list) and "items" in schema:
+        return [field for index, item in enumerate(obj)
+                for field in pruned_fields(item, schema["items"], f"{path}[{index}]")]
+    return []
+
+
+def ray_groups(rayservice: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    return {"head": cluster["headGroupSpec"]} | {group["groupName"]: group for group in cluster["workerGroupSpecs"]}
+
+
+def container(group: dict[str, Any]) -> dict[str, Any]:
+    (only,) = group["template"]["spec"]["containers"]
+    result: dict[str, Any] = only
+    return result
+
+
+def env(group: dict[str, Any]) -> dict[str, Any]:
+    return {var["name"]: var.get("value", var.get("valueFrom")) for var in container(group)["env"]}
+
+
+def test_rayservice_validates_against_the_kuberay_crd(manifests: dict[str, dict[str, Any]]) -> None:
+    schema = rayservice_schema()
+    jsonschema.validate(manifests["RayService"], schema, cls=jsonschema.Draft7Validator)
+    assert pruned_fields(manifests["RayService"], schema) == []
+
+
+@pytest.mark.parametrize("kind", ["Namespace", "Service"])
+def test_core_objects_validate_against_kubernetes_schemas(manifests: dict[str, dict[str, Any]], kind: str) -> None:
+    kubernetes_validate.validate(manifests[kind], eks().eks.kubernetes_version + ".0", strict=True)
+
+
+def test_ray_pod_templates_validate_against_kubernetes_schemas(manifests: dict[str, dict[str, Any]]) -> None:
+    """The CRD embeds the pod spec loosely; Kubernetes' strict schema also rejects unknown fields."""
+    for name, group in ray_groups(manifests["RayService"]).items():
+        pod_template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name},
+                        "template": group["template"]}
+        kubernetes_validate.validate(pod_template, eks().eks.kubernetes_version + ".0", strict=True)
+
+
+def test_pod_monitor_scrapes_the_gateway_metrics_on_the_head(manifests: dict[str, dict[str, Any]]) -> None:
+    monitor, service = manifests["PodMonitor"], manifests["Service"]
+    assert (monitor["apiVersion"], monitor["metadata"]["namespace"]) == ("monitoring.coreos.com/v1", "pdserve")
+    assert monitor["spec"]["selector"] == {"matchLabels": service["spec"]["selector"]}
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["path"] == "/metrics" and endpoint["port"] == "openai"
+    head = ray_groups(manifests["RayService"])["head"]
+    assert service["spec"]["selector"].items() <= head["template"]["metadata"]["labels"].items() | {
+        ("ray.io/node-type", "head")}
+
+
+def test_service_fronts_the_gateway_port_of_the_head_container(manifests: dict[str, dict[str, Any]]) -> None:
+    service = manifests["Service"]
+    (port,) = service["spec"]["ports"]
+    head = container(ray_groups(manifests["RayService"])["head"])
+    head_ports = {entry["name"]: entry["containerPort"] for entry in head["ports"]}
+    assert service["spec"]["type"] == "ClusterIP"
+    assert port == {"name": "openai", "port": 9000, "targetPort": "openai", "protocol": "TCP"}
+    assert head_ports == {"gcs-server": 6379, "dashboard": 8265, "client": 10001, "serve": 8000, "metrics": 8080,
+                          "openai": 9000}
+
+
+def test_serve_config_v2_is_the_serve_config_of_the_derived_settings() -> None:
+    settings = eks()
+    rayservice = render_manifests(settings)[1]
+    assert yaml.safe_load(rayservice["spec"]["serveConfigV2"]) == serve_config(kubernetes_settings(settings))
+
+
+def test_efa_pools_request_efa_and_a_gpu_and_move_kv_over_libfabric() -> None:
+    rayservice = render_manifests(eks())[1]
+    args = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"][0]["args"]
+    assert args["kv"]["backends"] == ["LIBFABRIC"]
+    for role in ("prefill", "decode"):
+        group = ray_groups(rayservice)[role]
+        resources = container(group)["resources"]
+        assert resources["limits"] == resources["requests"] == {
+            "cpu": "24", "memory": "96Gi", "nvidia.com/gpu": 1, "vpc.amazonaws.com/efa": 1}
+        assert env(group)["FI_PROVIDER"] == "efa"
+        assert container(group)["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+        toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        assert toleration in group["template"]["spec"]["tolerations"]
+
+
+def test_pools_without_efa_keep_ucx_and_set_no_libfabric_provider() -> None:
+    rayservice = render_manifests(defaults())[1]
+    args = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"][0]["args"]
+    assert "kv" not in args  # the default backends, UCX
+    for role in ("prefill", "decode"):
+        group = ray_groups(rayservice)[role]
+        assert "FI_PROVIDER" not in env(group)
+        assert set(container(group)["resources"]["limits"]) == {"cpu", "memory"}
+        assert "tolerations" not in group["template"]["spec"]
+
+
+def test_each_pool_lands_on_its_own_group_by_custom_resource_and_node_selector() -> None:
+    settings = eks()
+    rayservice = render_manifests(settings)[1]
+    args = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"][0]["args"]
+    groups = ray_groups(rayservice)
+    for role in ("prefill", "decode"):
+        assert groups[role]["rayStartParams"]["resources"] == f'"{{\\"{role}\\": 1}}"'
+        assert args[role]["placement"]["resources"] == {role: 1.0}
+        assert groups[role]["replicas"] == groups[role]["minReplicas"] == groups[role]["maxReplicas"] == 1
+        assert groups[role]["template"]["spec"]["nodeSelector"] == {"node.kubernetes.io/instance-type": "g6.8xlarge"}
+    assert groups["head"]["rayStartParams"] == {"num-gpus": "0", "resources": '"{\\"head\\": 1}"'}
+    assert groups["head"]["template"]["spec"]["nodeSelector"] == {"pdserve.io/node-role": "system"}
+    assert args["ray"]["gateway_resources"] == {"head": 1.0} and args["gateway"]["host"] == "0.0.0.0"
+
+
+def test_default_pools_get_a_custom_resource_only_their_group_offers() -> None:
+    settings = kubernetes_settings(defaults())
+    assert settings.prefill.placement.resources == {"prefill": 1.0}
+    assert settings.decode.placement.resources == {"decode": 1.0}
+    assert settings.ray.gateway_resources == {"head": 1.0}
+
+
+def test_engines_reach_each_other_at_their_pod_ip(manifests: dict[str, dict[str, Any]]) -> None:
+    for role in ("prefill", "decode"):
+        group = ray_groups(manifests["RayService"])[role]
+        assert env(group)["VLLM_HOST_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+        (volume,) = group["template"]["spec"]["volumes"]
+        assert volume == {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}
+        assert container(group)["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
+
+
+def test_every_ray_container_carries_the_cluster_token(manifests: dict[str, dict[str, Any]]) -> None:
+    spec = eks().kubernetes
+    token = {"secretKeyRef": {"name": ray_token_secret_name(spec), "key": RAY_TOKEN_SECRET_KEY}}
+    for group in ray_groups(manifests["RayService"]).values():
+        assert env(group)["RAY_AUTH_MODE"] == "token" and env(group)["RAY_AUTH_TOKEN"] == token
+    auth = manifests["RayService"]["spec"]["rayClusterConfig"]["authOptions"]
+    assert auth == {"mode": "token", "secretName": "pdserve-ray-token"}
+
+
+def test_a_gateway_port_ray_uses_on_the_head_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"gateway\.port: 8000 is Ray's serve port"):
+        render_manifests(load_settings(None))
+
+
+def test_efa_on_one_pool_only_is_a_config_error() -> None:
+    settings = load_settings(EKS_EXAMPLE, overrides={"decode.placement.efa_devices": 0})
+    with pytest.raises(ConfigError, match=r"prefill\.placement\.efa_devices"):
+        render_manifests(settings)
+
+
+def test_ray_resources_param_is_quoted_for_kuberay() -> None:
+    assert ray_resources_param({"prefill": 1.0, "big": 0.5}) == '"{\\"big\\": 0.5, \\"prefill\\": 1}"'
+    assert json.loads(json.loads(ray_resources_param({"prefill": 1.0}))) == {"prefill": 1}
+
+
+def test_render_yaml_matches_the_golden_file() -> None:
+    rendered = render_yaml(eks())
+    if os.environ.get("PDSERVE_UPDATE_GOLDEN") == "1":
+        GOLDEN.write_text(rendered)
+    assert rendered == GOLDEN.read_text(), "rendered manifests changed: PDSERVE_UPDATE_GOLDEN=1 to accept"
+    assert list(yaml.safe_load_all(rendered)) == render_manifests(eks())
+
+
+def test_write_manifests_writes_one_file_per_object_in_apply_order(tmp_path: Path) -> None:
+    paths = write_manifests(eks(), tmp_path / "out")
+    assert [path.name for path in paths] == ["00-namespace.yaml", "10-rayservice.yaml", "20-service.yaml",
+                                              "30-podmonitor.yaml"]
+    assert [yaml.safe_load(path.read_text()) for path in paths] == render_manifests(eks())
+
+
+def test_no_pod_monitor_when_turned_off() -> None:
+    settings = load_settings(EKS_EXAMPLE, overrides={"kubernetes.pod_monitor": False})
+    assert [obj["kind"] for obj in render_manifests(settings)] == ["Namespace", "RayService", "Service"]
+
+
+def test_render_k8s_writes_files_and_prints_kubectl_style_lines(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["render", "k8s", "--config", str(EKS_EXAMPLE), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [
+        f"namespace/pdserve rendered to {tmp_path}/00-namespace.yaml",
+        f"rayservice.ray.io/pdserve rendered to {tmp_path}/10-rayservice.yaml",
+        f"service/pdserve-gateway rendered to {tmp_path}/20-service.yaml",
+        f"podmonitor.monitoring.coreos.com/pdserve-gateway rendered to {tmp_path}/30-podmonitor.yaml",
+    ]
+
+
+def test_render_k8s_without_out_prints_the_yaml_stream() -> None:
+    result = CliRunner().invoke(app, ["render", "k8s", "--config", str(EKS_EXAMPLE)])
+    assert result.exit_code == 0 and result.output == render_yaml(eks())
+
+
+def test_render_k8s_with_a_clashing_port_exits_2_naming_the_field() -> None:
+    result = CliRunner().invoke(app, ["render", "k8s"])
+    assert result.exit_code == 2 and "gateway.port" in result.output
+
+
+def test_render_serve_prints_the_serve_config() -> None:
+    result = CliRunner().invoke(app, ["render", "serve", "--config", str(EKS_EXAMPLE)])
+    assert result.exit_code == 0 and yaml.safe_load(result.output) == serve_config(eks())
