@@ -12,6 +12,7 @@ import typer
 
 from pdserve.bench.cli import bench_app
 from pdserve.cli_config import ConfigOption
+from pdserve.cli_config import progress as _progress
 from pdserve.cli_config import run_or_exit as _run
 from pdserve.cli_config import settings_or_exit as _settings  # the commands here keep the short name
 from pdserve.config_doc import example_yaml
@@ -39,9 +40,6 @@ HostOption = Annotated[str | None, typer.Option(help="Gateway address (overrides
 def main() -> None:
     app()
 
-
-def _progress(line: str) -> None:
-    print(line, flush=True)
 
 
 @app.command()

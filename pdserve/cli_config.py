@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -44,13 +45,24 @@ def exit_on_config_error(exc: ConfigError) -> NoReturn:
     raise typer.Exit(2) from exc
 
 
-def run_or_exit(work: Coroutine[Any, Any, None]) -> None:
-    """Run ``work`` on uvloop; turn our errors into one readable line and an exit code."""
+def progress(line: str) -> None:
+    """One line of progress for the user, shown at once."""
+    print(line, flush=True)
+
+
+@contextmanager
+def exit_on_errors() -> Iterator[None]:
+    """Our errors become one ``error:`` line: exit 2 for bad configuration, 1 for the rest."""
     try:
-        with logging_off_the_loop(logging.INFO), asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(work)
+        yield
     except ConfigError as exc:
         exit_on_config_error(exc)
     except PdserveError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise typer.Exit(1) from exc
+
+
+def run_or_exit(work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` on uvloop, with our errors turned into one readable line and an exit code."""
+    with exit_on_errors(), logging_off_the_loop(logging.INFO), asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(work)

@@ -75,7 +75,7 @@ async def run_compare(
         try:
             async with _serving_gateway(settings) as gateway_url:
                 targets = _targets(settings, gateway_url, ways)
-                await _warm_up(targets, prompts=prompts, model=settings.model.served_name)
+                await warm_up_targets(targets, prompts=prompts, model=settings.model.served_name)
                 decode_urls = settings.endpoint_urls(Role.DECODE)
                 before = await _kv_counters(session, decode_urls)
                 legs_before = await fetch_leg_times(session, gateway_url, timeout_s=10.0)
@@ -104,7 +104,7 @@ async def _kv_counters(session: aiohttp.ClientSession, urls: Sequence[str]) -> T
     return total
 
 
-async def _warm_up(targets: Sequence[runner.Target], *, prompts: PromptMaker, model: str) -> None:
+async def warm_up_targets(targets: Sequence[runner.Target], *, prompts: PromptMaker, model: str) -> None:
     """A few requests per engine and through the gateway, so first-use costs (compilation, the
     KV connector's handshake) are not measured. Raises BenchFailed if any of them fails.
     """

@@ -5,15 +5,11 @@ A bad configuration exits 2; a missing tool or a failed step exits 1 with the st
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Annotated
 
 import typer
 
-from pdserve.cli_config import ConfigOption, exit_on_config_error, settings_or_exit
-from pdserve.errors import ConfigError, DeployError
+from pdserve.cli_config import ConfigOption, exit_on_errors, progress, settings_or_exit
 
 cloud_app = typer.Typer(help="Run a config on Amazon EKS: cluster, EFA GPU nodes, KubeRay, the app.",
                         no_args_is_help=True)
@@ -30,8 +26,8 @@ def up(config: ConfigOption = None, dry_run: DryRunOption = False) -> None:
     from pdserve.deploy.cloud import cloud_up
 
     settings = settings_or_exit(config)
-    with _exit_on_errors():
-        cloud_up(settings, is_dry_run=dry_run, progress=_progress)
+    with exit_on_errors():
+        cloud_up(settings, is_dry_run=dry_run, progress=progress)
 
 
 @cloud_app.command()
@@ -40,8 +36,8 @@ def status(config: ConfigOption = None) -> None:
     from pdserve.deploy.cloud_status import cloud_status
 
     settings = settings_or_exit(config)
-    with _exit_on_errors():
-        is_healthy = cloud_status(settings, progress=_progress)
+    with exit_on_errors():
+        is_healthy = cloud_status(settings, progress=progress)
     if not is_healthy:
         raise typer.Exit(1)
 
@@ -52,20 +48,5 @@ def down(config: ConfigOption = None, dry_run: DryRunOption = False) -> None:
     from pdserve.deploy.cloud import cloud_down
 
     settings = settings_or_exit(config)
-    with _exit_on_errors():
-        cloud_down(settings, is_dry_run=dry_run, progress=_progress)
-
-
-@contextmanager
-def _exit_on_errors() -> Iterator[None]:
-    try:
-        yield
-    except ConfigError as exc:
-        exit_on_config_error(exc)
-    except DeployError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise typer.Exit(1) from exc
-
-
-def _progress(line: str) -> None:
-    print(line, flush=True)
+    with exit_on_errors():
+        cloud_down(settings, is_dry_run=dry_run, progress=progress)

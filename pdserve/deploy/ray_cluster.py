@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -25,6 +25,7 @@ from pdserve.up import ready_line, warm_up
 
 POLL_S = 2.0
 PROGRESS_EVERY_S = 10.0
+T = TypeVar("T")
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
@@ -35,10 +36,11 @@ async def ray_up(settings: Settings, *, progress: Callable[[str], None]) -> None
     serving within ``ray.deploy_timeout_s``.
     """
     started_s = time.monotonic()
-    client = await asyncio.to_thread(_client, settings.ray.address)
-    ours = serve_config(settings)["applications"][0]
-    others = _other_app_configs(await asyncio.to_thread(client.get_serve_details), ours["name"])
-    await asyncio.to_thread(client.deploy_applications, {"applications": [*others, ours]})
+    client = await _ask(ServeSubmissionClient, settings.ray.address)
+    config = serve_config(settings)
+    [ours] = config["applications"]
+    config["applications"] = [*_other_app_configs(await _ask(client.get_serve_details), ours["name"]), ours]
+    await _ask(client.deploy_applications, config)
     progress(f"serveapplication/{ours['name']} submitted to {settings.ray.address}")
     deadline_s = started_s + settings.ray.deploy_timeout_s
     await _until_running(client, ours["name"], deadline_s=deadline_s, progress=progress)
@@ -50,19 +52,19 @@ async def ray_up(settings: Settings, *, progress: Callable[[str], None]) -> None
 
 async def ray_down(settings: Settings, *, progress: Callable[[str], None]) -> None:
     """Remove the application (engines stop with their replicas); other applications stay."""
-    client = await asyncio.to_thread(_client, settings.ray.address)
+    client = await _ask(ServeSubmissionClient, settings.ray.address)
     name = settings.ray.app_name
-    details = await asyncio.to_thread(client.get_serve_details)
+    details = await _ask(client.get_serve_details)
     if name not in details.get("applications", {}):
         progress(f"serveapplication/{name} not found on {settings.ray.address}: nothing to do")
         return
     others = _other_app_configs(details, name)
     if others:
-        await asyncio.to_thread(client.deploy_applications, {"applications": others})
+        await _ask(client.deploy_applications, {"applications": others})
     else:
-        await asyncio.to_thread(client.delete_applications)
+        await _ask(client.delete_applications)
     deadline_s = time.monotonic() + settings.ray.deploy_timeout_s
-    while name in (await asyncio.to_thread(client.get_serve_details)).get("applications", {}):
+    while name in (await _ask(client.get_serve_details)).get("applications", {}):
         if time.monotonic() > deadline_s:
             raise DeployError(f"serveapplication/{name} still present after {settings.ray.deploy_timeout_s:.0f} s")
         await asyncio.sleep(POLL_S)
@@ -87,11 +89,12 @@ def replica_summary(app: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
-def _client(address: str) -> ServeSubmissionClient:
+async def _ask(call: Callable[..., T], *args: Any) -> T:
+    """One blocking dashboard call off the loop; its failures become a DeployError that says so."""
     try:
-        return ServeSubmissionClient(address)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise DeployError(f"cannot reach the Ray dashboard at {address} (ray.address): {exc}") from exc
+        return await asyncio.to_thread(call, *args)
+    except (OSError, RuntimeError, ValueError) as exc:  # requests' errors are OSErrors; the SDK raises the rest
+        raise DeployError(f"the Ray dashboard refused or did not answer (ray.address): {exc}") from exc
 
 
 def _other_app_configs(details: dict[str, Any], name: str) -> list[dict[str, Any]]:
@@ -113,7 +116,7 @@ async def _until_running(
 ) -> None:
     last_line, last_report_s = "", 0.0
     while True:
-        app = (await asyncio.to_thread(client.get_serve_details)).get("applications", {}).get(name, {})
+        app = (await _ask(client.get_serve_details)).get("applications", {}).get(name, {})
         status = app.get("status", "NOT_STARTED")
         if status == "RUNNING":
             progress(f"  {status:<12} {replica_summary(app)}")

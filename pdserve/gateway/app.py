@@ -132,11 +132,14 @@ class Gateway:
         return Response(json.dumps({"object": "list", "data": [card]}), media_type=JSON)
 
     async def health(self, _request: Request) -> Response:
-        """200 while at least one engine of each role answers its health probe."""
+        """200 while at least one engine of each role answers its health probe; lists every engine."""
         counts = {role.value: len(self.pool.healthy(role)) for role in Role}
+        engines = {role.value: [{"url": endpoint.url, "is_healthy": endpoint.is_healthy, "in_flight": endpoint.in_flight,
+                                 "kv_backends": endpoint.kv_backends, "kv_transports": endpoint.kv_transports}
+                                for endpoint in self.pool.all(role)] for role in Role}
         is_ready = all(counts.values())
-        return Response(json.dumps({"status": "ok" if is_ready else "degraded", "healthy_engines": counts}),
-                        status_code=200 if is_ready else 503, media_type=JSON)
+        body = {"status": "ok" if is_ready else "degraded", "healthy_engines": counts, "engines": engines}
+        return Response(json.dumps(body), status_code=200 if is_ready else 503, media_type=JSON)
 
     async def prometheus(self, _request: Request) -> Response:
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")

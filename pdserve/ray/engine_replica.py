@@ -28,6 +28,7 @@ from pdserve.ray.names import GATEWAY_DEPLOYMENT
 from pdserve.role import Role
 from pdserve.routing.health import probe
 from pdserve.up import resolve_model
+from pdserve.verify.checks import is_transport_line, transports_from_log
 
 log = logging.getLogger(__name__)
 ANNOUNCE_TIMEOUT_S = 5.0
@@ -49,6 +50,7 @@ class EngineReplica:
         )
         log_path = Path(settings.launch.log_dir).resolve() / f"{self._spec.name}-{self._spec.instance}.log"
         self._engine = EngineProcess(self._spec, command, log_path=log_path)
+        self._kv_path_log = TransportLog(log_path)
         self._session = aiohttp.ClientSession()
         self._health_timeout_s = settings.gateway.health_timeout_s
         self._gateway = serve.get_deployment_handle(GATEWAY_DEPLOYMENT, app_name=context.app_name)
@@ -76,8 +78,9 @@ class EngineReplica:
     async def _announce(self) -> None:
         """Tell the gateway this engine serves; never fails the health check over it."""
         try:
-            await asyncio.wait_for(self._gateway.register.remote(self._role.value, self._spec.base_url),
-                                   timeout=ANNOUNCE_TIMEOUT_S)
+            backends, transports = self._kv_path_log.read()
+            await asyncio.wait_for(self._gateway.register.remote(self._role.value, self._spec.base_url,
+                                                                 backends, transports), timeout=ANNOUNCE_TIMEOUT_S)
         except (TimeoutError, RayError, RayServeException) as exc:
             log.warning("could not register %s with the gateway yet: %r", self._spec.base_url, exc)
 
@@ -91,6 +94,24 @@ class EngineReplica:
                                    timeout=ANNOUNCE_TIMEOUT_S)
         await self._engine.stop()
         await self._session.close()
+
+
+class TransportLog:
+    """The NIXL backends and UCX transports an engine has logged so far, read as the log grows:
+    the engine may run on another node than ``pdserve verify``, so its replica reports them."""
+
+    def __init__(self, path: Path) -> None:
+        self._path, self._offset = path, 0
+        self._kept: list[str] = []
+
+    def read(self) -> tuple[list[str], list[str]]:
+        with contextlib.suppress(OSError), self._path.open("rb") as log:
+            log.seek(self._offset)
+            chunk = log.read()
+            complete = chunk[: chunk.rfind(b"\n") + 1]
+            self._offset += len(complete)
+            self._kept += [line for line in complete.decode(errors="replace").splitlines() if is_transport_line(line)]
+        return transports_from_log("\n".join(self._kept))
 
 
 def replica_engine_spec(settings: Settings, role: Role, *, host: str, rank: int, instance: str) -> EngineSpec:

@@ -33,9 +33,9 @@ class GatewayReplica:
                                      port=settings.gateway.port)
         self._server.start(timeout_s=GATEWAY_START_S)
 
-    def register(self, role: str, url: str) -> None:
+    def register(self, role: str, url: str, kv_backends: list[str], kv_transports: list[str]) -> None:
         """Called by engine replicas once ready and on each of their health checks."""
-        self._registry.register(Role(role), url)
+        self._registry.register(Role(role), url, kv_path=(tuple(kv_backends), tuple(kv_transports)))
 
     def unregister(self, role: str, url: str) -> None:
         """Called by an engine replica that Serve is stopping."""

@@ -21,6 +21,9 @@ class Endpoint:
     is_healthy: bool = True
     in_flight: int = 0
     failed_probes: int = 0  # in a row
+    # What the engine reported of its KV path (Ray replicas do, from their log): for `pdserve verify`.
+    kv_backends: tuple[str, ...] = ()
+    kv_transports: tuple[str, ...] = ()
 
 
 class Pool:

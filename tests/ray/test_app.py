@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from pdserve.config import RaySpec, parse_settings
+from pdserve.deploy.serve import settings_args
+from pdserve.ray.app import SHARED_SECTIONS, args_for, engine_options
+from pdserve.ray.engine_replica import TransportLog, replica_cpu_bind
+from pdserve.ray.gateway_replica import registration_ttl_s
+from pdserve.role import Role
+
+UCX_TABLE = """\
+Backend UCX was instantiated
+[17.7] [vm:1:0]   | remote memory read by ucp_get*(multi) into host memory from host |
+[17.7] [vm:1:0]   +--------+-------------+-------------------------------------------+
+[17.7] [vm:1:0]   | Range  | Description |                  Config                   |
+[17.7] [vm:1:0]   | 0..inf | zero-copy   | cma/memory                                |
+"""
+
+
+def test_engine_replicas_ask_for_the_pool_count_cpus_gpus_and_custom_resources() -> None:
+    settings = parse_settings({
+        "prefill": {"engines": 2, "placement": {"cpus": 4, "resources": {"prefill": 1}}},
+        "decode": {"device": "cuda", "gpu_ids": [0, 1], "tensor_parallel_size": 2, "placement": {"cpus": 8}},
+        "ray": {"health_check_period_s": 3},
+    }, source="t")
+    prefill = engine_options(settings, Role.PREFILL)
+    assert prefill["name"] == "prefill" and prefill["num_replicas"] == 2 and prefill["health_check_period_s"] == 3
+    assert prefill["ray_actor_options"] == {"num_cpus": 4.0, "num_gpus": 0, "resources": {"prefill": 1.0}}
+    assert "placement_group_bundles" not in prefill
+    decode = engine_options(settings, Role.DECODE)
+    assert decode["ray_actor_options"]["num_gpus"] == 2
+    # One engine over two GPUs: both on one node, in one bundle.
+    assert decode["placement_group_bundles"] == [{"CPU": 8.0, "GPU": 2.0}]
+    assert decode["placement_group_strategy"] == "STRICT_PACK"
+
+
+def test_cpu_engines_bind_the_configured_cores_by_rank_on_their_node_else_all() -> None:
+    assert replica_cpu_bind(["0", "1"], local_rank=1, cpus=[0, 1, 2]) == "1"
+    assert replica_cpu_bind(["0", "1"], local_rank=2, cpus=[0, 1, 2]) == "0"
+    assert replica_cpu_bind([], local_rank=0, cpus=[0, 1, 2]) == "0,1,2"
+
+
+def test_transport_log_reads_only_new_complete_lines(tmp_path: Path) -> None:
+    path = tmp_path / "engine.log"
+    reader = TransportLog(path)
+    assert reader.read() == ([], [])  # no log yet
+    path.write_text("starting\n" + UCX_TABLE[:10])  # a line still being written
+    assert reader.read() == ([], [])
+    with path.open("a") as log:
+        log.write(UCX_TABLE[10:] + "GET /health 200\n" * 3)
+    assert reader.read() == (["UCX"], ["cma/memory (zero-copy)"])
+    assert reader.read() == (["UCX"], ["cma/memory (zero-copy)"])  # kept, not re-read
+
+
+def test_an_engine_survives_two_missed_health_checks_in_the_registry() -> None:
+    assert registration_ttl_s(RaySpec(health_check_period_s=2.0), health_timeout_s=5.0) == 11.0
+
+
+def test_resizing_one_pool_leaves_the_other_pool_and_the_gateway_arguments_unchanged() -> None:
+    before = settings_args(parse_settings({"decode": {"engines": 1}}, source="t"))
+    after = settings_args(parse_settings({"decode": {"engines": 2}}, source="t"))
+    for sections in ((*SHARED_SECTIONS, "prefill"), SHARED_SECTIONS):
+        assert args_for(before, sections) == args_for(after, sections)  # Serve restarts replicas whose args change
+    assert args_for(before, (*SHARED_SECTIONS, "decode")) != args_for(after, (*SHARED_SECTIONS, "decode"))
