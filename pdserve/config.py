@@ -63,7 +63,8 @@ class PoolSpec(_Frozen):
     base_port: int = Field(8100, ge=1, le=65535, description="engine i listens on base_port+i")
     cpu_threads_bind: list[str] = Field(
         default_factory=list,
-        description="VLLM_CPU_OMP_THREADS_BIND per engine, e.g. ['0-3']; empty = split cores",
+        description=("VLLM_CPU_OMP_THREADS_BIND per engine (on Ray: per replica on a node), or one for all, "
+                     "e.g. ['0-3']; empty = split this host's cores (on Ray: the node's)"),
     )
     kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE for CPU engines")
     extra_args: list[str] = Field(default_factory=list, description="extra vLLM CLI args")
@@ -87,8 +88,8 @@ class PoolSpec(_Frozen):
             needed = self.engines * self.tensor_parallel_size
             if len(self.gpu_ids) < needed:
                 raise ValueError(f"gpu_ids needs {needed} ids for {self.engines} engine(s)")
-        if self.cpu_threads_bind and len(self.cpu_threads_bind) != self.engines:
-            raise ValueError("cpu_threads_bind needs one entry per engine")
+        if len(self.cpu_threads_bind) not in (0, 1, self.engines):
+            raise ValueError("cpu_threads_bind needs one entry per engine, or one for all")
         return self
 
 
@@ -249,7 +250,8 @@ class Settings(_Frozen):
                         port=pool.base_port + index,
                         side_channel_port=self.kv.side_channel_base_port + len(specs),
                         gpu_ids=pool.gpu_ids[index * tp : (index + 1) * tp],
-                        cpu_threads_bind=pool.cpu_threads_bind[index] if pool.cpu_threads_bind else "",
+                        cpu_threads_bind=pool.cpu_threads_bind[index % len(pool.cpu_threads_bind)]
+                        if pool.cpu_threads_bind else "",
                         pool=pool,
                     )
                 )

@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 
 from pdserve.config import Settings
+from pdserve.engines.model_layout import ModelLayout, describe, read_layout
 from pdserve.engines.supervisor import Supervisor
 from pdserve.errors import ConfigError, EngineStartFailed
 from pdserve.gateway.app import build_app
@@ -32,7 +33,8 @@ async def run_up(settings: Settings, *, progress: Callable[[str], None]) -> None
         loop.add_signal_handler(signum, stop.set)
     _check_ports_free(settings)
     model_path = await resolve_model(settings, progress=progress)
-    supervisor = Supervisor(settings, model_path=model_path, progress=progress)
+    layout = await resolve_layout(model_path, progress=progress)
+    supervisor = Supervisor(settings, model_path=model_path, layout=layout, progress=progress)
     server = make_server(build_app(settings), host=settings.gateway.host, port=settings.gateway.port)
     tasks: list[asyncio.Task[None]] = []
     async with aiohttp.ClientSession() as session:
@@ -69,6 +71,16 @@ async def resolve_model(settings: Settings, *, progress: Callable[[str], None]) 
     from pdserve.demo.model import build_demo_model  # torch + transformers: only when needed
 
     return str(await asyncio.to_thread(build_demo_model, settings.demo_model_dir, progress=progress))
+
+
+async def resolve_layout(model_path: str, *, progress: Callable[[str], None]) -> ModelLayout:
+    """What the model at ``model_path`` needs of every engine, said to the user in one line.
+
+    Raises ConfigError, before any engine starts, for a model no engine pair can hand off.
+    """
+    layout = await asyncio.to_thread(read_layout, model_path)
+    progress(f"  {'model':<10} {describe(layout)}")
+    return layout
 
 
 def _check_ports_free(settings: Settings) -> None:

@@ -59,16 +59,17 @@ async def run_compare(
     slo: Slo, timeout_s: float, progress: Callable[[str], None], bar: ProgressBar,
 ) -> CompareResult:
     """Start ``settings``' engines and gateway, sweep ``loads`` over ``ways``, stop all."""
-    from pdserve.up import resolve_model  # builds the demo model; torch loads slowly
+    from pdserve.up import resolve_layout, resolve_model  # builds the demo model; torch loads slowly
 
     model_path = await resolve_model(settings, progress=progress)
+    layout = await resolve_layout(model_path, progress=progress)
     prompts = prompt_maker(Path(model_path) / "tokenizer.json")
 
     def workload(count: int, salt: int) -> list[BenchRequest]:
         return synthetic(count, model=settings.model.served_name, input_tokens=input_tokens,
                          output_tokens=output_tokens, prompts=prompts, seed=0, salt=salt)
 
-    supervisor = Supervisor(settings, model_path=model_path, progress=progress)
+    supervisor = Supervisor(settings, model_path=model_path, layout=layout, progress=progress)
     progress(f"starting {len(supervisor.engines)} engine(s)")
     async with aiohttp.ClientSession() as session:
         await supervisor.start_all(session)

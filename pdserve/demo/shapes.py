@@ -13,12 +13,15 @@ from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
 
+from pdserve.engines.model_layout import text_config
+
 FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
 _BYTES_PER_VALUE = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 class Shape(StrEnum):
     QWEN3_8B = "qwen3-8b"
+    QWEN3_5_TINY = "qwen3.5-tiny"
 
 
 # Qwen/Qwen3-8B's config.json as published, field for field. transformers_version matters:
@@ -51,14 +54,69 @@ _QWEN3_8B: dict[str, object] = {
     "use_sliding_window": False,
     "vocab_size": 151936,
 }
-CONFIGS: Mapping[Shape, Mapping[str, object]] = MappingProxyType({Shape.QWEN3_8B: MappingProxyType(_QWEN3_8B)})
+# Qwen3.5's layout (the Qwen3.5-9B config's structure: a multimodal wrapper whose text model has Gated
+# DeltaNet layers and every 4th layer full attention) at a size two CPU cores serve, for a hybrid model
+# over PD on CPU. float32: greedy output of a PD pair and one engine stays identical.
+_QWEN3_5_TINY: dict[str, object] = {
+    "architectures": ["Qwen3_5ForConditionalGeneration"],
+    "model_type": "qwen3_5",
+    "image_token_id": 4090,
+    "video_token_id": 4091,
+    "vision_start_token_id": 4092,
+    "vision_end_token_id": 4093,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+    "transformers_version": "5.19.0",
+    "text_config": {
+        "model_type": "qwen3_5_text",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 4094,
+        "eos_token_id": 4095,
+        "full_attention_interval": 4,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "hidden_size": 256,
+        "initializer_range": 0.02,
+        "intermediate_size": 512,
+        "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 2,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 64,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_value_head_dim": 64,
+        "max_position_embeddings": 4096,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 8,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-06,
+        # mrope_section halves the rotary dims: head_dim 64 x partial_rotary_factor 0.25 / 2 = 8
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
+                            "mrope_section": [3, 3, 2], "mrope_interleaved": True},
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "use_cache": True,
+        "vocab_size": 4096,
+    },
+    "vision_config": {
+        "model_type": "qwen3_5", "depth": 1, "hidden_size": 64, "hidden_act": "gelu_pytorch_tanh",
+        "intermediate_size": 128, "num_heads": 2, "in_channels": 3, "patch_size": 16, "spatial_merge_size": 2,
+        "temporal_patch_size": 2, "out_hidden_size": 256, "num_position_embeddings": 2304,
+    },
+}
+CONFIGS: Mapping[Shape, Mapping[str, object]] = MappingProxyType({
+    Shape.QWEN3_8B: MappingProxyType(_QWEN3_8B), Shape.QWEN3_5_TINY: MappingProxyType(_QWEN3_5_TINY),
+})
 _SPECIAL_TOKENS = {"bos_token_id": "<|endoftext|>", "eos_token_id": "<|im_end|>"}
 
 
 def kv_bytes_per_token(shape: Shape) -> int:
-    """KV cache bytes one token occupies in every layer (K and V, the config's dtype). Pure."""
-    config = CONFIGS[shape]
-    values = 2 * _int(config, "num_hidden_layers") * _int(config, "num_key_value_heads") * _int(config, "head_dim")
+    """KV cache bytes one token occupies in every attention layer (K and V, the config's dtype); a hybrid
+    model's linear-attention layers keep a state of fixed size per request instead. Pure."""
+    config = text_config(CONFIGS[shape])
+    layer_types = config.get("layer_types")
+    layers = layer_types.count("full_attention") if isinstance(layer_types, list) else _int(config, "num_hidden_layers")
+    values = 2 * layers * _int(config, "num_key_value_heads") * _int(config, "head_dim")
     return values * _BYTES_PER_VALUE[str(config["torch_dtype"])]
 
 
@@ -78,7 +136,7 @@ def write_shape_model(target_dir: Path, shape: Shape) -> Path:
     config = CONFIGS[shape]
     target_dir.mkdir(parents=True, exist_ok=True)
     (target_dir / "config.json").write_text(json.dumps(dict(config), indent=1) + "\n", encoding="utf-8")
-    _write_tokenizer(target_dir, config)
+    _write_tokenizer(target_dir, text_config(config))
     return target_dir
 
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import yaml
 
-from pdserve.config import Settings
+from pdserve.config import PoolSpec, Settings
+from pdserve.role import Role
 
 IMPORT_PATH = "pdserve.ray:app"
 # Serve's own HTTP proxy only answers the gateway replica's status here; tokens go to gateway.port.
@@ -25,7 +26,13 @@ def settings_args(settings: Settings) -> dict[str, Any]:
 
 
 def serve_config(settings: Settings) -> dict[str, Any]:
-    """One Serve application running pdserve: prefill, decode and gateway deployments."""
+    """One Serve application running pdserve: prefill, decode and gateway deployments.
+
+    Pool sizes go in ``deployments`` rather than ``args``: Serve applies a new replica count as a
+    light update, while any change of ``args`` restarts every replica of the application.
+    """
+    unsized = {role.value: settings.pool(role).model_copy(update={"engines": PoolSpec().engines}) for role in Role}
+    args = settings_args(settings.model_copy(update=unsized))
     return {
         # Serve's proxy is not on the token path; one on the head answers the status route.
         "proxy_location": "HeadOnly",
@@ -33,7 +40,8 @@ def serve_config(settings: Settings) -> dict[str, Any]:
             "name": settings.ray.app_name,
             "import_path": IMPORT_PATH,
             "route_prefix": ROUTE_PREFIX,
-            "args": settings_args(settings),
+            "args": args,
+            "deployments": [{"name": role.value, "num_replicas": settings.pool(role).engines} for role in Role],
         }],
     }
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdserve.config import EngineSpec, KVTransferSpec, ModelSpec
+from pdserve.engines.model_layout import ModelLayout, engine_needs
 from pdserve.role import Role
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -23,11 +24,15 @@ class EngineCommand:
 
 
 def build_engine_command(
-    spec: EngineSpec, *, model: ModelSpec, model_path: str, kv: KVTransferSpec, python: str, host: str,
-    cpu_bind: str,
+    spec: EngineSpec, *, model: ModelSpec, model_path: str, layout: ModelLayout, kv: KVTransferSpec, python: str,
+    host: str, cpu_bind: str,
 ) -> EngineCommand:
-    """argv + env for ``spec``. ``cpu_bind`` is VLLM_CPU_OMP_THREADS_BIND for CPU engines."""
+    """argv + env for ``spec``. ``cpu_bind`` is VLLM_CPU_OMP_THREADS_BIND for CPU engines; ``layout`` (of the
+    model at ``model_path``) adds what a hybrid or multimodal model needs. Raises ConfigError when the pool's
+    settings cannot hand that model off.
+    """
     pool = spec.pool
+    needs = engine_needs(layout, spec)
     argv = [
         python, "-m", VLLM_SERVER_MODULE,
         "--model", model_path,
@@ -39,6 +44,7 @@ def build_engine_command(
         "--tensor-parallel-size", str(pool.tensor_parallel_size),
         "--kv-transfer-config", json.dumps(kv_transfer_config(spec, kv)),
         *_block_size_args(spec, kv),
+        *needs.args,
         *pool.extra_args,
     ]
     env = {
@@ -58,6 +64,7 @@ def build_engine_command(
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(pool.kv_cache_gib)
         env[CPU_BIND_ENV] = cpu_bind
+    env.update(needs.env)
     env.update(pool.env)
     return EngineCommand(argv=argv, env=env)
 

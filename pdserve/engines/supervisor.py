@@ -14,6 +14,7 @@ import aiohttp
 from pdserve.config import EngineSpec, Settings
 from pdserve.engines.command import EngineCommand, build_engine_command, split_cpus
 from pdserve.engines.launcher import EngineProcess, bring_up
+from pdserve.engines.model_layout import ModelLayout
 from pdserve.engines.mps import MpsDaemon, plan_mps
 from pdserve.errors import EngineStartFailed
 
@@ -21,12 +22,16 @@ log = logging.getLogger(__name__)
 
 
 class Supervisor:
-    def __init__(self, settings: Settings, *, model_path: str, progress: Callable[[str], None]) -> None:
+    def __init__(
+        self, settings: Settings, *, model_path: str, layout: ModelLayout, progress: Callable[[str], None]
+    ) -> None:
+        """Plans every engine's command, so a model the pools cannot hand off is refused (ConfigError)
+        before any engine starts."""
         self._settings, self._progress = settings, progress
         self._stopping = False
         specs = settings.engine_specs()
         self.mps = plan_mps(specs, mode=settings.launch.mps, log_dir=Path(settings.launch.log_dir))
-        self.engines = _plan_engines(settings, specs, model_path=model_path, mps=self.mps)
+        self.engines = _plan_engines(settings, specs, model_path=model_path, layout=layout, mps=self.mps)
 
     async def start_all(self, session: aiohttp.ClientSession) -> None:
         """Start the MPS daemon if planned, then every engine at once, and wait until all are
@@ -83,7 +88,7 @@ class Supervisor:
 
 
 def _plan_engines(
-    settings: Settings, specs: list[EngineSpec], *, model_path: str, mps: MpsDaemon | None
+    settings: Settings, specs: list[EngineSpec], *, model_path: str, layout: ModelLayout, mps: MpsDaemon | None
 ) -> list[EngineProcess]:
     cpu_specs = [spec for spec in specs if spec.pool.device == "cpu"]
     auto_binds = iter(split_cpus(sorted(os.sched_getaffinity(0)), len(cpu_specs)))
@@ -92,7 +97,7 @@ def _plan_engines(
     for spec in specs:
         cpu_bind = spec.cpu_threads_bind or (next(auto_binds) if spec.pool.device == "cpu" else "")
         command = build_engine_command(
-            spec, model=settings.model, model_path=model_path, kv=settings.kv,
+            spec, model=settings.model, model_path=model_path, layout=layout, kv=settings.kv,
             python=settings.launch.python or sys.executable, host=settings.launch.engine_host, cpu_bind=cpu_bind,
         )
         if mps is not None and mps.serves(spec):

@@ -17,9 +17,6 @@ from pdserve.ray.gateway_replica import GatewayReplica
 from pdserve.ray.names import GATEWAY_DEPLOYMENT
 from pdserve.role import Role
 
-# What every replica reads. Each gets only these (an engine also its own pool): Serve restarts the
-# replicas whose arguments change, and resizing one pool must not restart the other or the gateway.
-SHARED_SECTIONS = ("model", "kv", "gateway", "launch", "ray", "cache_dir")
 # Serve may stop a replica this long after asking; the engine itself gets 20 s of it.
 ENGINE_SHUTDOWN_S = 30.0
 
@@ -28,21 +25,15 @@ def app(args: dict[str, Any]) -> Application:
     """The Serve application for ``args``, a pdserve configuration tree (as `render serve` writes)."""
     settings = parse_settings(args, source="Serve application args")
     engines = {
-        role: serve.deployment(**engine_options(settings, role))(EngineReplica).bind(
-            args_for(args, (*SHARED_SECTIONS, role.value)), role.value)
-        for role in Role
+        role: serve.deployment(**engine_options(settings, role))(EngineReplica).bind(args, role.value) for role in Role
     }
     gateway = serve.deployment(
         name=GATEWAY_DEPLOYMENT, num_replicas=1,
         ray_actor_options={"num_cpus": settings.ray.gateway_cpus, "resources": dict(settings.ray.gateway_resources)},
         health_check_period_s=settings.ray.health_check_period_s,
     )(GatewayReplica)
-    application: Application = gateway.bind(args_for(args, SHARED_SECTIONS), engines[Role.PREFILL], engines[Role.DECODE])
+    application: Application = gateway.bind(args, engines[Role.PREFILL], engines[Role.DECODE])
     return application
-
-
-def args_for(args: dict[str, Any], sections: tuple[str, ...]) -> dict[str, Any]:
-    return {section: value for section, value in args.items() if section in sections}
 
 
 def engine_options(settings: Settings, role: Role) -> dict[str, Any]:
@@ -51,7 +42,7 @@ def engine_options(settings: Settings, role: Role) -> dict[str, Any]:
     pool = settings.pool(role)
     options: dict[str, Any] = {
         "name": role.value,
-        "num_replicas": pool.engines,
+        "num_replicas": pool.engines,  # `render serve` sets it in the config's deployments instead
         "ray_actor_options": replica_resources(pool),
         "health_check_period_s": settings.ray.health_check_period_s,
         "health_check_timeout_s": settings.gateway.health_timeout_s,

@@ -27,7 +27,7 @@ from pdserve.errors import EngineStartFailed
 from pdserve.ray.names import GATEWAY_DEPLOYMENT
 from pdserve.role import Role
 from pdserve.routing.health import probe
-from pdserve.up import resolve_model
+from pdserve.up import resolve_layout, resolve_model
 from pdserve.verify.checks import is_transport_line, transports_from_log
 
 log = logging.getLogger(__name__)
@@ -44,8 +44,9 @@ class EngineReplica:
         cpu_bind = replica_cpu_bind(settings.pool(self._role).cpu_threads_bind, local_rank=context.rank.local_rank,
                                     cpus=sorted(os.sched_getaffinity(0)))
         model_path = await resolve_model(settings, progress=log.info)
+        layout = await resolve_layout(model_path, progress=log.info)
         command = build_engine_command(
-            self._spec, model=settings.model, model_path=model_path, kv=settings.kv,
+            self._spec, model=settings.model, model_path=model_path, layout=layout, kv=settings.kv,
             python=settings.launch.python or sys.executable, host=self._spec.host, cpu_bind=cpu_bind,
         )
         log_path = Path(settings.launch.log_dir).resolve() / f"{self._spec.name}-{self._spec.instance}.log"

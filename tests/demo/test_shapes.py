@@ -11,6 +11,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from pdserve.demo.shapes import FILES, Shape, kv_bytes_per_token, write_shape_model
+from pdserve.engines.model_layout import Layout, read_layout
 
 
 @pytest.fixture(scope="module")
@@ -65,3 +66,13 @@ def test_cli_writes_a_shape_folder_and_needs_a_dir(tmp_path: Path) -> None:
     written = pdserve("q8b", "--shape", "qwen3-8b")
     assert written.returncode == 0 and "147,456 bytes per token" in written.stdout
     assert (tmp_path / "q8b" / "config.json").is_file()
+
+
+def test_qwen3_5_tiny_is_a_hybrid_with_qwen3_5s_layout(tmp_path: Path) -> None:
+    folder = write_shape_model(tmp_path / "tiny", Shape.QWEN3_5_TINY)
+    layout = read_layout(str(folder))
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+
+    assert layout.layout is Layout.HYBRID and layout.is_gated_deltanet and layout.has_vision_tower
+    assert tokenizer.get_vocab_size() == 4096 and tokenizer.token_to_id("<|im_end|>") == 4095
+    assert kv_bytes_per_token(Shape.QWEN3_5_TINY) == 2 * 2 * 2 * 64 * 4  # K and V of its 2 attention layers, fp32

@@ -4,6 +4,7 @@ import json
 
 from pdserve.config import parse_settings
 from pdserve.engines.command import build_engine_command, split_cpus
+from pdserve.engines.model_layout import Layout, ModelLayout
 
 
 def commands(tree: dict[str, object]) -> list[tuple[list[str], dict[str, str]]]:
@@ -11,6 +12,7 @@ def commands(tree: dict[str, object]) -> list[tuple[list[str], dict[str, str]]]:
     result = []
     for spec in settings.engine_specs():
         command = build_engine_command(spec, model=settings.model, model_path="/m", kv=settings.kv,
+                                       layout=ModelLayout("/m", Layout.ATTENTION, "test"),
                                        python="py", host="127.0.0.1", cpu_bind="0")
         result.append((command.argv, command.env))
     return result

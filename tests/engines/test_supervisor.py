@@ -14,6 +14,7 @@ import pytest
 from pdserve.config import parse_settings
 from pdserve.engines.command import EngineCommand
 from pdserve.engines.launcher import EngineProcess
+from pdserve.engines.model_layout import Layout, ModelLayout
 from pdserve.engines.supervisor import Supervisor
 from pdserve.errors import EngineStartFailed
 from tests.conftest import free_port_block
@@ -35,7 +36,8 @@ def supervisor_with_fake_engines(tmp_path: Path, *, argv_tail: list[str] | None 
         "kv": {"side_channel_base_port": base + 2}, "gateway": {"port": base + 4},
         "launch": {"log_dir": str(tmp_path), "ready_timeout_s": 20, "restart_backoff_s": 0.1, "max_restarts": 1},
     }, source="test")
-    supervisor = Supervisor(settings, model_path="unused", progress=lambda _line: None)
+    layout = ModelLayout("unused", Layout.ATTENTION, "test")
+    supervisor = Supervisor(settings, model_path="unused", layout=layout, progress=lambda _line: None)
     supervisor.engines = [
         EngineProcess(engine.spec, EngineCommand([sys.executable, "-c", FAKE_ENGINE, str(engine.spec.port), *(argv_tail or [])], {}),
                       log_path=engine.log_path)

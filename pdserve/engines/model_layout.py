@@ -1,0 +1,201 @@
+"""What a model's layers ask of every engine of a prefill/decode pair, read from its ``config.json``.
+
+A hybrid model (Gated DeltaNet, Mamba, short-conv layers beside attention) hands off recurrent state
+as well as KV cache, and vLLM's NixlConnector carries it only when each engine is set up for it.
+Pure except ``read_layout``, which reads one config.json; nothing here starts or imports vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pdserve.config import EngineSpec
+from pdserve.errors import ConfigError
+
+# NixlConnector reads a Mamba conv state as three sub-projections and asserts this layout at
+# start-up ("3-read Mamba conv transfer requires DS conv state layout"); vLLM's default is SD.
+CONV_STATE_LAYOUT_ENV = "VLLM_SSM_CONV_STATE_LAYOUT"
+CONV_STATE_LAYOUT = "DS"
+# On an H200 with vLLM 0.26 the default (FlashInfer) GDN prefill kernel was missing from the build
+# ("SM90 GDN prefill DSL kernel is unavailable") and killed the prefill engine at its first prompt;
+# the Triton kernel runs on every CUDA GPU.
+GDN_PREFILL_FLAG = "--gdn-prefill-backend"
+GDN_PREFILL_BACKEND = "triton"
+# vLLM registers such models with their vision tower; pdserve serves text, and the tower would take
+# memory and start-up profiling. ``--no-language-model-only`` in extra_args keeps it.
+LANGUAGE_MODEL_ONLY_FLAGS = ("--language-model-only", "--no-language-model-only")
+# The connector needs the hybrid KV cache manager for recurrent state (it asserts it).
+DISABLE_HYBRID_CACHE_FLAG = "--disable-hybrid-kv-cache-manager"
+
+# vLLM 0.32's model registry: the architectures whose layers use QwenGatedDeltaNetAttention ...
+GATED_DELTANET_ARCHITECTURES = frozenset({
+    "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration", "OlmoHybridForCausalLM", "InternS2PreviewForConditionalGeneration",
+    "InternS2MobiusForConditionalGeneration",
+})
+# ... and the other classes implementing IsHybrid or IsAttentionFree (Mamba, Mamba2, short conv).
+RECURRENT_ARCHITECTURES = GATED_DELTANET_ARCHITECTURES | frozenset({
+    "BailingMoeV2_5ForCausalLM", "BailingMoeV3ForCausalLM", "BailingMoeV3VLForConditionalGeneration",
+    "FalconH1ForCausalLM", "FalconMambaForCausalLM", "GraniteMoeHybridForCausalLM", "JambaForCausalLM",
+    "Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "Lfm2VlForConditionalGeneration", "Mamba2ForCausalLM",
+    "MambaForCausalLM", "MiniCPMV4_6ForConditionalGeneration", "MiniCPMV4_7ForConditionalGeneration",
+    "NemotronHForCausalLM", "NemotronHPuzzleForCausalLM", "NemotronH_Nano_VL_V2", "Zamba2ForCausalLM",
+})
+# ``layer_types`` entries of layers that keep recurrent state instead of a KV cache (transformers' names).
+RECURRENT_LAYER_TYPES = frozenset({"linear_attention", "mamba", "conv"})
+
+
+class Layout(StrEnum):
+    ATTENTION = "attention"  # every layer keeps a KV cache (dense, sliding window, MLA)
+    HYBRID = "hybrid"  # some layers keep recurrent state per request instead
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLayout:
+    model: str  # the path or id, for messages
+    layout: Layout
+    evidence: str  # what in config.json decided ``layout``
+    is_gated_deltanet: bool = False
+    has_vision_tower: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class EngineNeeds:
+    """What one engine gets on top of pdserve's usual command, before the pool's own args and env."""
+
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+def detect_layout(config: Mapping[str, Any], *, model: str) -> ModelLayout:
+    """Classify a parsed config.json (a multimodal wrapper's ``text_config`` included).
+
+    Raises ConfigError naming ``model`` when no engine can hand it off: an encoder-decoder model,
+    whose cross-attention cache vLLM's KV connectors do not carry (its scheduler asserts so).
+    """
+    text = text_config(config)
+    if config.get("is_encoder_decoder") or text.get("is_encoder_decoder"):
+        raise ConfigError(f"model {model} is an encoder-decoder model ({_architecture(config)}): vLLM's KV "
+                          "connectors do not hand off its cross-attention cache, so it cannot be served "
+                          "prefill/decode-disaggregated")
+    architecture = _architecture(config)
+    evidence = _recurrent_evidence(text, architecture=architecture)
+    return ModelLayout(
+        model=model,
+        layout=Layout.ATTENTION if evidence is None else Layout.HYBRID,
+        evidence=evidence or f"{architecture}: attention layers only",
+        is_gated_deltanet=architecture in GATED_DELTANET_ARCHITECTURES,
+        has_vision_tower=isinstance(config.get("vision_config"), Mapping),
+    )
+
+
+def engine_needs(layout: ModelLayout, spec: EngineSpec) -> EngineNeeds:
+    """The env and vLLM args ``spec``'s engine needs to serve ``layout`` over PD; the pool's own
+    extra_args and env win (a flag the pool sets already is not added).
+
+    Raises ConfigError when the pool's settings would break the handoff of recurrent state.
+    """
+    pool = spec.pool
+    args: list[str] = []
+    env: dict[str, str] = {}
+    if layout.layout is Layout.HYBRID:
+        _check_pool_keeps_state(layout, spec)
+        env[CONV_STATE_LAYOUT_ENV] = CONV_STATE_LAYOUT
+        if layout.is_gated_deltanet and pool.device == "cuda" and not has_flag(pool.extra_args, GDN_PREFILL_FLAG):
+            args += [GDN_PREFILL_FLAG, GDN_PREFILL_BACKEND]
+    if layout.has_vision_tower and not any(has_flag(pool.extra_args, flag) for flag in LANGUAGE_MODEL_ONLY_FLAGS):
+        args.append(LANGUAGE_MODEL_ONLY_FLAGS[0])
+    return EngineNeeds(args=tuple(args), env=env)
+
+
+def describe(layout: ModelLayout) -> str:
+    """One line for the user: what pdserve found and what it sets because of it."""
+    sets = []
+    if layout.layout is Layout.HYBRID:
+        sets.append(f"{CONV_STATE_LAYOUT_ENV}={CONV_STATE_LAYOUT}")
+        if layout.is_gated_deltanet:
+            sets.append(f"{GDN_PREFILL_FLAG} {GDN_PREFILL_BACKEND} on GPUs")
+    if layout.has_vision_tower:
+        sets.append(LANGUAGE_MODEL_ONLY_FLAGS[0])
+    summary = f"{layout.layout.value} ({layout.evidence})"
+    return f"{summary}; engines get {', '.join(sets)}" if sets else summary
+
+
+def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The language model's part of a config: ``text_config`` of a multimodal wrapper, else all of it."""
+    nested = config.get("text_config")
+    return nested if isinstance(nested, Mapping) else config
+
+
+def has_flag(args: list[str], flag: str) -> bool:
+    """True when ``args`` hold ``flag`` as ``--flag value`` or ``--flag=value``."""
+    return any(arg == flag or arg.startswith(f"{flag}=") for arg in args)
+
+
+def read_layout(model_path: str) -> ModelLayout:
+    """The layout of the model at ``model_path``: a local folder, or a Hugging Face Hub id whose
+    config.json comes from the local cache or the Hub (as vLLM would fetch it).
+
+    Raises ConfigError when config.json cannot be read or the model cannot be handed off.
+    """
+    try:
+        config = json.loads(_config_file(model_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read config.json of model {model_path}: {exc}") from exc
+    if not isinstance(config, dict):
+        raise ConfigError(f"config.json of model {model_path} does not hold a JSON object")
+    return detect_layout(config, model=model_path)
+
+
+def _config_file(model_path: str) -> Path:
+    folder = Path(model_path).expanduser()
+    if folder.is_dir() or model_path.startswith(("/", ".", "~")):
+        return folder / "config.json"
+    try:
+        from huggingface_hub import hf_hub_download  # vLLM's dependency; only Hub ids need it
+        from huggingface_hub.errors import EntryNotFoundError
+    except ImportError as exc:
+        raise ConfigError(f"model {model_path} is no local folder, and reading its config.json from the "
+                          "Hugging Face Hub needs huggingface_hub (vLLM installs it)") from exc
+    try:
+        return Path(hf_hub_download(model_path, "config.json"))
+    except EntryNotFoundError as exc:
+        raise ConfigError(f"model {model_path} has no config.json on the Hugging Face Hub") from exc
+
+
+def _architecture(config: Mapping[str, Any]) -> str:
+    architectures = config.get("architectures")
+    if isinstance(architectures, list) and architectures and isinstance(architectures[0], str):
+        return architectures[0]
+    return str(config.get("model_type", "unknown architecture"))
+
+
+def _recurrent_evidence(text: Mapping[str, Any], *, architecture: str) -> str | None:
+    """Why the model keeps recurrent state, or None when all its layers are attention."""
+    layer_types = text.get("layer_types")
+    if isinstance(layer_types, list):
+        recurrent = [kind for kind in layer_types if kind in RECURRENT_LAYER_TYPES]
+        if recurrent:
+            kinds = "/".join(sorted(set(recurrent)))
+            return f"{architecture}: {len(recurrent)} of {len(layer_types)} layers are {kinds}"
+    if architecture in RECURRENT_ARCHITECTURES:
+        return f"{architecture}: vLLM runs it with recurrent-state layers"
+    return None
+
+
+def _check_pool_keeps_state(layout: ModelLayout, spec: EngineSpec) -> None:
+    pool, role = spec.pool, spec.role.value
+    layout_env = pool.env.get(CONV_STATE_LAYOUT_ENV, CONV_STATE_LAYOUT)
+    if layout_env != CONV_STATE_LAYOUT:
+        raise ConfigError(f"{role}.env sets {CONV_STATE_LAYOUT_ENV}={layout_env}, but model {layout.model} is "
+                          f"hybrid ({layout.evidence}) and NixlConnector hands off its conv state only in the "
+                          f"{CONV_STATE_LAYOUT} layout; remove it")
+    if has_flag(pool.extra_args, DISABLE_HYBRID_CACHE_FLAG):
+        raise ConfigError(f"{role}.extra_args has {DISABLE_HYBRID_CACHE_FLAG}, but model {layout.model} is hybrid "
+                          f"({layout.evidence}) and NixlConnector hands off its recurrent state only through "
+                          "the hybrid KV cache manager; remove it")
