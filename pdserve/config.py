@@ -188,7 +188,8 @@ class EksSpec(_Frozen):
     gpu_instance_type: str = Field("g6.8xlarge", description="GPU worker nodes (one engine each)")
     gpu_nodes: int = Field(2, ge=0)
     efa: bool = Field(True, description="EFA on the GPU node group (eksctl efaEnabled)")
-    kuberay_version: str = Field("1.4.2", description="KubeRay operator Helm chart version")
+    kuberay_version: str = Field("1.6.2", description=(
+        "KubeRay operator Helm chart version; token auth through authOptions.secretName needs 1.6 or newer"))
     gpu_volume_gib: int = Field(200, ge=20, description="root disk per GPU node: the image and the weights")
     ready_timeout_s: float = Field(3600.0, gt=0, description=(
         "`cloud up` waits this long for the app to serve: image pulls and weight downloads"))
