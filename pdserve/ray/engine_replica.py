@@ -39,9 +39,10 @@ class EngineReplica:
         settings = parse_settings(args, source="Serve application args")
         context = serve.get_replica_context()
         self._role = Role(role)
+        rank, local_rank = replica_ranks(context.rank)
         self._spec = replica_engine_spec(settings, self._role, host=ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
-                                         rank=context.rank.rank, instance=context.replica_id.unique_id)
-        cpu_bind = replica_cpu_bind(settings.pool(self._role).cpu_threads_bind, local_rank=context.rank.local_rank,
+                                         rank=rank, instance=context.replica_id.unique_id)
+        cpu_bind = replica_cpu_bind(settings.pool(self._role).cpu_threads_bind, local_rank=local_rank,
                                     cpus=sorted(os.sched_getaffinity(0)))
         model_path = await resolve_model(settings, progress=log.info)
         layout = await resolve_layout(model_path, progress=log.info)
@@ -122,6 +123,14 @@ def replica_engine_spec(settings: Settings, role: Role, *, host: str, rank: int,
         role=role, index=rank, port=free_port(host), side_channel_port=free_port(host),
         gpu_ids=[int(gpu) for gpu in ray.get_gpu_ids()], cpu_threads_bind="", pool=pool, host=host, instance=instance,
     )
+
+
+def replica_ranks(rank: Any) -> tuple[int, int]:
+    """(rank in the deployment, rank on this node). Serve marks replica ranks experimental: newer
+    Ray gives a ReplicaRank, older Ray a bare int (then the node rank is taken as 0)."""
+    if isinstance(rank, int):
+        return rank, 0
+    return int(rank.rank), int(rank.local_rank)
 
 
 def replica_cpu_bind(configured: list[str], *, local_rank: int, cpus: list[int]) -> str:

@@ -5,7 +5,7 @@ from pathlib import Path
 from pdserve.config import RaySpec, parse_settings
 from pdserve.deploy.serve import serve_config
 from pdserve.ray.app import engine_options
-from pdserve.ray.engine_replica import TransportLog, replica_cpu_bind
+from pdserve.ray.engine_replica import TransportLog, replica_cpu_bind, replica_ranks
 from pdserve.ray.gateway_replica import registration_ttl_s
 from pdserve.role import Role
 
@@ -63,3 +63,10 @@ def test_resizing_a_pool_changes_only_its_replica_count_in_the_serve_config() ->
     # Any change of args restarts every replica of the app; a replica count is a light update.
     assert before["args"] == after["args"] and "engines" not in after["args"].get("decode", {})
     assert after["deployments"] == [{"name": "prefill", "num_replicas": 1}, {"name": "decode", "num_replicas": 2}]
+
+
+def test_replica_ranks_from_either_form_ray_gives() -> None:
+    from ray.serve.schema import ReplicaRank
+
+    assert replica_ranks(ReplicaRank(rank=3, node_rank=1, local_rank=1)) == (3, 1)
+    assert replica_ranks(2) == (2, 0)
