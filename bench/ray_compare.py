@@ -59,6 +59,7 @@ PDSERVE, RAY_SERVE_LLM, RAY_SERVE_LLM_PINNED = "pdserve", "ray-serve-llm", "ray-
 READY_TIMEOUT_S = 1200.0
 POLL_S = 1.0
 GONE_TIMEOUT_S = 180.0
+STRAY = "stray "  # label of vLLM processes that were running before this script
 SLO = Slo(ttft_s=0.5, itl_s=0.1)  # not reported here; the sweep wants one
 # More prompts than a level can send, so StreamsLoad's cycle never repeats one: a repeated prompt
 # would be answered from the prefix cache, and the prefill not measured.
@@ -102,9 +103,9 @@ def main() -> None:
     started = machine_state()
     plan = Plan(streams=[int(level) for level in args.streams.split(",")], duration_s=args.duration,
                 input_tokens=args.input_tokens, output_tokens=args.output_tokens, rounds=args.rounds,
-                is_pin_variant=not args.no_pin_variant)
+                is_pin_variant=not args.no_pin_variant, stray_pids=vllm_pids())
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as loop:
-        up_ready_s = [loop.run(time_pdserve_up(workdir / f"up-{index}")) for index in range(args.rounds)]
+        up_ready_s = [loop.run(time_pdserve_up(workdir / f"up-{index}", plan)) for index in range(args.rounds)]
         nodes = [Node(PREFILL_NODE, {"prefill": 1}, cpus=2), Node(DECODE_NODE, {"decode": 1}, cpus=2)]
         with local_cluster(Node(HEAD, {"head": 1}, cpus=1), nodes, temp_dir=workdir / "ray") as cluster:
             runs = loop.run(compare(cluster, plan, workdir=workdir, out=args.out))
@@ -126,6 +127,7 @@ class Plan:
     output_tokens: int
     rounds: int
     is_pin_variant: bool
+    stray_pids: tuple[int, ...]  # vLLM processes running before the script: their CPU is reported apart
 
 
 async def compare(cluster: LocalCluster, plan: Plan, *, workdir: Path, out: Path) -> list[Run]:
@@ -143,7 +145,7 @@ async def compare(cluster: LocalCluster, plan: Plan, *, workdir: Path, out: Path
             if system.name == RAY_SERVE_LLM and plan.is_pin_variant and await repin_ray_serve_llm(cluster):
                 run.points += await measure(RAY_SERVE_LLM_PINNED, system.url, plan, prompts=prompts, salt=salt + 50)
             runs.append(run)
-            await take_down(system, env=cluster.env)
+            await take_down(system, env=cluster.env, plan=plan)
     return runs
 
 
@@ -243,7 +245,7 @@ async def first_answer(
     raise RuntimeError(f"{url} did not answer within {READY_TIMEOUT_S:.0f} s; see {log_path}")
 
 
-async def time_pdserve_up(workdir: Path) -> float:
+async def time_pdserve_up(workdir: Path, plan: Plan) -> float:
     """`pdserve up` on this host (the CPU demo, the same engines): start -> first answer; then Ctrl-C."""
     port = free_port()
     config = {"gateway": {"port": port}, "prefill": {"base_port": free_port_block(2)},
@@ -262,7 +264,7 @@ async def time_pdserve_up(workdir: Path) -> float:
             process.send_signal(signal.SIGINT)
             await process.wait()
     say(f"  ready in {ready_s:.1f} s")
-    await engines_gone()
+    await engines_gone(plan.stray_pids)
     return ready_s
 
 
@@ -278,10 +280,10 @@ async def measure(name: str, url: str, plan: Plan, *, prompts: PromptMaker, salt
                              input_tokens=Lengths(plan.input_tokens, plan.input_tokens),
                              output_tokens=Lengths(plan.output_tokens, plan.output_tokens))
 
-        before = await asyncio.to_thread(cpu_seconds_by_process)
+        before = await asyncio.to_thread(cpu_seconds_by_process, plan.stray_pids)
         [point] = await sweep([target], [StreamsLoad(streams, plan.duration_s)], workload=workload, slo=SLO,
                               timeout_s=300.0, progress=no_progress)
-        cpu_s = subtract(await asyncio.to_thread(cpu_seconds_by_process), before)
+        cpu_s = subtract(await asyncio.to_thread(cpu_seconds_by_process, plan.stray_pids), before)
         if point.summary.requests >= PROMPTS_PER_LEVEL:
             raise RuntimeError(f"{name} @ {streams}: prompts repeated; raise PROMPTS_PER_LEVEL")
         say("  " + describe(point))
@@ -314,27 +316,26 @@ async def serve_replicas(cluster: LocalCluster, app_name: str) -> dict[str, list
             for name, deployment in deployments.items()}
 
 
-async def take_down(system: System, *, env: dict[str, str]) -> None:
+async def take_down(system: System, *, env: dict[str, str], plan: Plan) -> None:
     process = await asyncio.create_subprocess_exec(*system.down_argv, env=env, stdout=asyncio.subprocess.DEVNULL,
                                                    stderr=asyncio.subprocess.DEVNULL)
     if await process.wait() != 0:
         raise RuntimeError(f"{system.name}: {' '.join(system.down_argv)} failed")
-    await engines_gone()
+    await engines_gone(plan.stray_pids)
 
 
-async def engines_gone() -> None:
-    """Wait until no vLLM process is left on this machine, so the next system has the cores alone."""
+async def engines_gone(stray_pids: tuple[int, ...]) -> None:
+    """Wait until no vLLM process of ours is left, so the next system has the cores alone."""
     deadline_s = time.monotonic() + GONE_TIMEOUT_S
-    while any(kind.startswith("VLLM::") or "vllm" in kind for kind in process_kinds()):
+    while any(is_vllm(kind) for kind in cpu_seconds_by_process(stray_pids)):
         if time.monotonic() > deadline_s:
             raise RuntimeError(f"vLLM processes still running {GONE_TIMEOUT_S:.0f} s after teardown")
         await asyncio.sleep(2.0)
     await asyncio.sleep(5.0)  # let the machine settle
 
 
-def process_kinds() -> Iterator[str]:
-    for process in psutil.process_iter(["cmdline", "name"]):
-        yield process_kind(process.info["cmdline"] or [], process.info["name"] or "")
+def is_vllm(kind: str) -> bool:
+    return not kind.startswith(STRAY) and (kind.startswith("VLLM::") or "vllm" in kind)
 
 
 def process_kind(cmdline: Sequence[str], name: str) -> str:
@@ -348,16 +349,25 @@ def process_kind(cmdline: Sequence[str], name: str) -> str:
     return name
 
 
-def cpu_seconds_by_process() -> dict[str, float]:
-    """User + system CPU seconds used so far, summed per process kind (live processes only)."""
+def cpu_seconds_by_process(stray_pids: tuple[int, ...]) -> dict[str, float]:
+    """User + system CPU seconds used so far, summed per process kind (live processes only);
+    ``stray_pids`` (vLLM processes that were running before this script) count apart."""
     totals: dict[str, float] = {}
     for process in psutil.process_iter(["cmdline", "name", "cpu_times"]):
         times = process.info["cpu_times"]
         if times is None:
             continue
         kind = process_kind(process.info["cmdline"] or [], process.info["name"] or "")
+        if process.pid in stray_pids:
+            kind = f"{STRAY}{kind}"
         totals[kind] = totals.get(kind, 0.0) + times.user + times.system
     return totals
+
+
+def vllm_pids() -> tuple[int, ...]:
+    """vLLM processes running now (before the script starts any: strays, reported apart)."""
+    return tuple(process.pid for process in psutil.process_iter(["cmdline", "name"])
+                     if is_vllm(process_kind(process.info["cmdline"] or [], process.info["name"] or "")))
 
 
 def subtract(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:

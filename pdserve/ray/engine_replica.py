@@ -68,7 +68,9 @@ class EngineReplica:
     async def check_health(self) -> None:
         """Raises when the engine has died or stopped answering: Serve then replaces this replica."""
         if not self._engine.is_running:
-            raise EngineStartFailed(f"{self._spec.name} exited:\n{self._engine.log_tail()}")
+            tail = self._engine.log_tail()
+            await self._engine.stop()  # its EngineCore and workers outlive a killed API server otherwise
+            raise EngineStartFailed(f"{self._spec.name} exited:\n{tail}")
         problem = await probe(self._session, self._spec.base_url, timeout_s=self._health_timeout_s)
         if problem is not None:
             raise EngineStartFailed(f"{self._spec.name} at {self._spec.base_url} is unhealthy: {problem}")

@@ -162,13 +162,33 @@ def test_verify_reaches_engines_on_other_nodes_and_names_their_kv_backend(deploy
 def test_killed_decode_engine_is_replaced_and_followed_without_restarting_the_gateway(deployment: Deployment) -> None:
     gateway_pid = serve_replicas(deployment.cluster)["gateway"][0]["pid"]
     [old_url] = gateway_engines(deployment)["decode"]
-    os.kill(listener_pid(old_url), signal.SIGKILL)
+    old_pid = listener_pid(old_url)
+    engine_group = [process for process in psutil.process_iter() if _process_group(process) == old_pid]
+    assert len(engine_group) >= 3, "the API server, its engine core and its worker"
+    os.kill(old_pid, signal.SIGKILL)
     new_urls = wait_for(lambda: [url for url in gateway_engines(deployment)["decode"] if url != old_url],
                         timeout_s=DEPLOY_TIMEOUT_S, what="Serve to replace the decode replica")
     assert old_url not in gateway_engines(deployment)["decode"]
     assert urlsplit(new_urls[0]).hostname == DECODE_NODE
     assert len(complete_greedy(deployment, "After the restart")) == 16
     assert serve_replicas(deployment.cluster)["gateway"][0]["pid"] == gateway_pid
+    # Nothing of the killed engine lingers: its engine core and worker would spin a core each.
+    wait_for(lambda: not any(_is_alive(process) for process in engine_group), timeout_s=60,
+             what="the killed engine's processes to exit")
+
+
+def _process_group(process: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(process.pid)
+    except ProcessLookupError:
+        return None
+
+
+def _is_alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_redeploy_with_two_decode_replicas_spreads_requests(deployment: Deployment) -> None:
