@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -48,7 +49,6 @@ from pdserve.config import DEMO_MODEL_NAME, load_settings
 from pdserve.engines.cpu_affinity import confine_workers
 from pdserve.errors import EngineStartFailed
 from pdserve.up import warm_up
-from tests.conftest import free_port, free_port_block
 from tests.e2e.ray_cluster import LocalCluster, Node, local_cluster
 
 HEAD, PREFILL_NODE, DECODE_NODE = "127.0.0.2", "127.0.0.3", "127.0.0.4"
@@ -98,6 +98,9 @@ def main() -> None:
                         help="skip re-measuring Ray Serve LLM with its engines' threads moved back onto their cores")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "ray-vs-ray-serve-llm-cpu")
     args = parser.parse_args()
+    if ray_is_running():
+        sys.exit("a Ray node runs on this machine already; this script ends with `ray stop --force`, which would "
+                 "stop it too")
     os.environ["HF_HUB_OFFLINE"] = "1"  # the demo model is local: no engine may look anything up online
     workdir = Path(tempfile.mkdtemp(prefix="pdray-"))
     started = machine_state()
@@ -132,7 +135,9 @@ class Plan:
 
 async def compare(cluster: LocalCluster, plan: Plan, *, workdir: Path, out: Path) -> list[Run]:
     """ABAB: per round, pdserve then Ray Serve LLM, each measured alone on the cluster."""
-    systems = [pdserve_system(cluster, workdir, out=out), ray_serve_llm_system(cluster, workdir, out=out)]
+    port = listen_port(HEAD)
+    systems = [pdserve_system(cluster, workdir, port=port, out=out),
+               ray_serve_llm_system(cluster, workdir, port=port + 1, out=out)]
     prompts = prompt_maker(load_settings().demo_model_dir / "tokenizer.json")
     runs = []
     for round_index in range(plan.rounds):
@@ -149,10 +154,9 @@ async def compare(cluster: LocalCluster, plan: Plan, *, workdir: Path, out: Path
     return runs
 
 
-def pdserve_system(cluster: LocalCluster, workdir: Path, *, out: Path) -> System:
+def pdserve_system(cluster: LocalCluster, workdir: Path, *, port: int, out: Path) -> System:
     """``examples/ray-cpu.yaml`` as the e2e test deploys it: gateway on the head, one core per engine."""
     config = yaml.safe_load(EXAMPLE.read_text())
-    port = free_port()
     config["gateway"] = {"host": HEAD, "port": port}
     config["ray"]["address"] = cluster.dashboard_url
     config["launch"] = {"log_dir": str(workdir / "pdserve-engines")}
@@ -163,9 +167,8 @@ def pdserve_system(cluster: LocalCluster, workdir: Path, *, out: Path) -> System
                   [pdserve, "ray", "down", "--config", str(path)])
 
 
-def ray_serve_llm_system(cluster: LocalCluster, workdir: Path, *, out: Path) -> System:
+def ray_serve_llm_system(cluster: LocalCluster, workdir: Path, *, port: int, out: Path) -> System:
     """Ray Serve LLM's PD application as a Serve config, deployed with ``serve deploy``."""
-    port = free_port()
     config = {
         "proxy_location": "HeadOnly",
         "http_options": {"host": HEAD, "port": port},
@@ -203,6 +206,24 @@ def llm_config(resources: dict[str, float], *, core: str, node_ip: str) -> dict[
         "runtime_env": {"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": core,
                                      "VLLM_HOST_IP": node_ip}},
     }
+
+
+def listen_port(host: str, *, count: int = 5) -> int:
+    """The first of ``count`` ports free on ``host``, below the kernel's ephemeral range (32768+), so
+    no connection an engine opens meanwhile can take one before its server binds it."""
+    for base in range(20000 + os.getpid() % 5000, 32768 - count, count):
+        if all(is_free(host, port) for port in range(base, base + count)):
+            return base
+    raise RuntimeError(f"no {count} free ports below 32768 on {host}")
+
+
+def is_free(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 def write_config(config: dict[str, Any], path: Path, copy: Path | None = None) -> Path:
@@ -247,9 +268,11 @@ async def first_answer(
 
 async def time_pdserve_up(workdir: Path, plan: Plan) -> float:
     """`pdserve up` on this host (the CPU demo, the same engines): start -> first answer; then Ctrl-C."""
-    port = free_port()
-    config = {"gateway": {"port": port}, "prefill": {"base_port": free_port_block(2)},
-              "decode": {"base_port": free_port_block(2)}, "kv": {"side_channel_base_port": free_port_block(2)},
+    port = listen_port("127.0.0.1")
+    # Fresh NIXL side-channel ports each run, as pdserve on Ray picks: vLLM 0.32 keys its compile cache
+    # on VLLM_NIXL_SIDE_CHANNEL_PORT, so both compile the model at every start (docs/benchmarks.md, 6).
+    config = {"gateway": {"port": port}, "prefill": {"base_port": port + 1}, "decode": {"base_port": port + 2},
+              "kv": {"side_channel_base_port": port + 3},
               "launch": {"log_dir": str(workdir / "engines")}}
     path = write_config(config, workdir / "pdserve-up.yaml")
     say("pdserve up (this host)")
@@ -261,7 +284,8 @@ async def time_pdserve_up(workdir: Path, plan: Plan) -> float:
             ready_s = await first_answer(f"http://127.0.0.1:{port}", started_s=started_s,
                                          process=process, log_path=workdir / "up.log")
         finally:
-            process.send_signal(signal.SIGINT)
+            if process.returncode is None:
+                process.send_signal(signal.SIGINT)
             await process.wait()
     say(f"  ready in {ready_s:.1f} s")
     await engines_gone(plan.stray_pids)
@@ -327,7 +351,7 @@ async def take_down(system: System, *, env: dict[str, str], plan: Plan) -> None:
 async def engines_gone(stray_pids: tuple[int, ...]) -> None:
     """Wait until no vLLM process of ours is left, so the next system has the cores alone."""
     deadline_s = time.monotonic() + GONE_TIMEOUT_S
-    while any(is_vllm(kind) for kind in cpu_seconds_by_process(stray_pids)):
+    while any(is_vllm(kind) for kind, _seconds in cpu_seconds_by_process(stray_pids).values()):
         if time.monotonic() > deadline_s:
             raise RuntimeError(f"vLLM processes still running {GONE_TIMEOUT_S:.0f} s after teardown")
         await asyncio.sleep(2.0)
@@ -342,39 +366,44 @@ def process_kind(cmdline: Sequence[str], name: str) -> str:
     """A short label shared by the processes of one role: Ray and vLLM set process titles."""
     title = cmdline[0] if cmdline else name
     if title.startswith(("ray::", "VLLM::")):
-        return title.split(" ")[0][:48]
+        return title.split(" ")[0].split(".")[0][:56]  # "ray::ServeReplica:app:deployment.method"
     for part in cmdline[1:4]:
         if part.startswith(("vllm.", "pdserve", "ray.")) or part.endswith(("pdserve", "serve", "ray_compare.py")):
             return f"{name} {Path(part).name}"
     return name
 
 
-def cpu_seconds_by_process(stray_pids: tuple[int, ...]) -> dict[str, float]:
-    """User + system CPU seconds used so far, summed per process kind (live processes only);
-    ``stray_pids`` (vLLM processes that were running before this script) count apart."""
-    totals: dict[str, float] = {}
+def cpu_seconds_by_process(stray_pids: tuple[int, ...]) -> dict[int, tuple[str, float]]:
+    """Per live process: its kind and the user + system CPU seconds it has used so far. Kinds of
+    ``stray_pids`` (vLLM processes running before this script) are marked as such."""
+    seconds = {}
     for process in psutil.process_iter(["cmdline", "name", "cpu_times"]):
         times = process.info["cpu_times"]
         if times is None:
             continue
         kind = process_kind(process.info["cmdline"] or [], process.info["name"] or "")
-        if process.pid in stray_pids:
-            kind = f"{STRAY}{kind}"
-        totals[kind] = totals.get(kind, 0.0) + times.user + times.system
-    return totals
+        seconds[process.pid] = (f"{STRAY}{kind}" if process.pid in stray_pids else kind, times.user + times.system)
+    return seconds
+
+
+def subtract(after: dict[int, tuple[str, float]], before: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds per kind over an interval, the busiest first, idle kinds left out. Per process,
+    so a Ray actor whose title names the method it runs now is not counted from its start."""
+    spent: dict[str, float] = {}
+    for pid, (kind, seconds) in after.items():
+        spent[kind] = spent.get(kind, 0.0) + seconds - before.get(pid, (kind, 0.0))[1]
+    return {kind: round(total, 2) for kind, total in sorted(spent.items(), key=lambda item: -item[1])
+            if total >= 0.05}
+
+
+def ray_is_running() -> bool:
+    return any(process.info["name"] in ("raylet", "gcs_server") for process in psutil.process_iter(["name"]))
 
 
 def vllm_pids() -> tuple[int, ...]:
     """vLLM processes running now (before the script starts any: strays, reported apart)."""
     return tuple(process.pid for process in psutil.process_iter(["cmdline", "name"])
                      if is_vllm(process_kind(process.info["cmdline"] or [], process.info["name"] or "")))
-
-
-def subtract(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
-    """CPU seconds per kind over an interval, the busiest first, idle kinds left out."""
-    spent = {kind: after[kind] - before.get(kind, 0.0) for kind in after}
-    return {kind: round(seconds, 2) for kind, seconds in sorted(spent.items(), key=lambda item: -item[1])
-            if seconds >= 0.05}
 
 
 @contextlib.contextmanager

@@ -41,7 +41,8 @@ class EngineReplica:
         self._role = Role(role)
         rank, local_rank = replica_ranks(context.rank)
         self._spec = replica_engine_spec(settings, self._role, host=ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
-                                         rank=rank, instance=context.replica_id.unique_id)
+                                         rank=rank, local_rank=local_rank, instance=context.replica_id.unique_id,
+                                         gpu_ids=[int(gpu) for gpu in ray.get_gpu_ids()])
         cpu_bind = replica_cpu_bind(settings.pool(self._role).cpu_threads_bind, local_rank=local_rank,
                                     cpus=sorted(os.sched_getaffinity(0)))
         model_path = await resolve_model(settings, progress=log.info)
@@ -118,12 +119,17 @@ class TransportLog:
         return transports_from_log("\n".join(self._kept))
 
 
-def replica_engine_spec(settings: Settings, role: Role, *, host: str, rank: int, instance: str) -> EngineSpec:
-    """The engine of one replica: the pool's settings on free ports of this node's address."""
+def replica_engine_spec(
+    settings: Settings, role: Role, *, host: str, rank: int, local_rank: int, instance: str, gpu_ids: list[int]
+) -> EngineSpec:
+    """The engine of one replica: the pool's settings on this node's address, a free API port, and
+    the same NIXL side-channel port every time this rank starts on this node where it is free:
+    vLLM keys its compile cache on that port, and a new one costs a full compile."""
     pool = settings.pool(role)
+    side_channel_port = settings.kv.side_channel_base_port + 2 * local_rank + (role is Role.DECODE)
     return EngineSpec(
-        role=role, index=rank, port=free_port(host), side_channel_port=free_port(host),
-        gpu_ids=[int(gpu) for gpu in ray.get_gpu_ids()], cpu_threads_bind="", pool=pool, host=host, instance=instance,
+        role=role, index=rank, port=free_port(host), side_channel_port=port_if_free(host, side_channel_port),
+        gpu_ids=gpu_ids, cpu_threads_bind="", pool=pool, host=host, instance=instance,
     )
 
 
@@ -138,6 +144,17 @@ def replica_ranks(rank: Any) -> tuple[int, int]:
 def replica_cpu_bind(configured: list[str], *, local_rank: int, cpus: list[int]) -> str:
     """Cores for a CPU engine: the pool's list by the replica's rank on its node, else the node's."""
     return configured[local_rank % len(configured)] if configured else split_cpus(cpus, 1)[0]
+
+
+def port_if_free(host: str, port: int) -> int:
+    """``port`` if nothing on ``host`` listens on it, else one the kernel picks."""
+    with socket.socket() as probe_socket:
+        try:
+            probe_socket.bind((host, port))
+        except OSError:
+            log.warning("port %s:%d is taken; using another (the engine compiles afresh)", host, port)
+            return free_port(host)
+        return port
 
 
 def free_port(host: str) -> int:

@@ -1,13 +1,15 @@
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from pdserve.config import RaySpec, parse_settings
 from pdserve.deploy.serve import serve_config
 from pdserve.ray.app import engine_options
-from pdserve.ray.engine_replica import TransportLog, replica_cpu_bind, replica_ranks
+from pdserve.ray.engine_replica import TransportLog, port_if_free, replica_cpu_bind, replica_engine_spec, replica_ranks
 from pdserve.ray.gateway_replica import registration_ttl_s
 from pdserve.role import Role
+from tests.conftest import free_port
 
 UCX_TABLE = """\
 Backend UCX was instantiated
@@ -70,3 +72,15 @@ def test_replica_ranks_from_either_form_ray_gives() -> None:
 
     assert replica_ranks(ReplicaRank(rank=3, node_rank=1, local_rank=1)) == (3, 1)
     assert replica_ranks(2) == (2, 0)
+
+
+def test_side_channel_port_is_the_same_for_a_rank_on_its_node_and_moves_off_a_taken_one() -> None:
+    settings = parse_settings({"kv": {"side_channel_base_port": free_port()}}, source="t")
+    base = settings.kv.side_channel_base_port
+    specs = [replica_engine_spec(settings, role, host="127.0.0.1", rank=5, local_rank=local_rank, instance="x",
+                                 gpu_ids=[])
+             for role in Role for local_rank in (0, 1)]
+    assert [spec.side_channel_port for spec in specs] == [base, base + 2, base + 1, base + 3]
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", base))
+        assert port_if_free("127.0.0.1", base) != base
