@@ -4,15 +4,17 @@ Writes only under the target's parent folder. The build happens in a sibling tem
 renamed into place, so a crash never leaves a half-written model where vLLM would load it.
 """
 
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
 import json
+import os
 import shutil
 import sysconfig
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -37,6 +39,16 @@ def default_demo_model_dir(cache_home: Path) -> Path:
     return cache_home / "pdserve" / "demo-model"
 
 
+@contextlib.contextmanager
+def _folder_lock(folder: Path) -> Iterator[None]:
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # releases the lock
+
+
 def build_demo_model(
     target_dir: Path,
     *,
@@ -55,9 +67,9 @@ def build_demo_model(
     plan = train.TrainPlan(steps=train_steps)
     recipe = _recipe(plan)
     target_dir.parent.mkdir(parents=True, exist_ok=True)
-    # Engines that start together on one node (Ray replicas) build it once: the rest wait here.
-    with (target_dir.parent / f".{target_dir.name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    # Engines that start together on one node (Ray replicas) build it once: the rest wait on a lock
+    # of the parent folder (a lock of a folder, not a file: nothing is left behind).
+    with _folder_lock(target_dir.parent):
         if _is_complete(target_dir, recipe=recipe):
             progress(f"demo model: {target_dir} is up to date")
             return target_dir

@@ -56,7 +56,8 @@ def test_links_follow_where_engines_run() -> None:
     assert link({"device": "cuda", "gpu_ids": [0]}, {"device": "cuda", "gpu_ids": [0]}) is Link.SAME_GPU
     assert link({"device": "cuda", "gpu_ids": [0]}, {"device": "cuda", "gpu_ids": [1]}) is Link.GPU_TO_GPU
     assert link({}, {}, hosts=("10.0.0.2", "10.0.0.3")) is Link.NETWORK
-    assert link({"device": "cuda"}, {"device": "cuda"}, hosts=("gpu-a", "gpu-b")) is Link.NETWORK
+    assert link({"device": "cuda", "gpu_ids": [0]}, {"device": "cuda", "gpu_ids": [0]}, hosts=("gpu-a", "gpu-b")) \
+        is Link.NETWORK
     assert link({}, {}, hosts=("127.0.0.3", "127.0.0.4")) is Link.HOST_MEMORY  # loopback: one host
     assert link({}, {}, hosts=("10.0.0.2", "10.0.0.2")) is Link.HOST_MEMORY
 
