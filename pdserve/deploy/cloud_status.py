@@ -21,9 +21,8 @@ from pdserve.deploy.k8s_names import GATEWAY_PORT_NAME, gateway_service_name
 from pdserve.deploy.runner import Progress, capture, require_tools
 from pdserve.errors import DeployError
 from pdserve.gateway.kv_monitor import check_window
-from pdserve.gateway.orchestrator import Mode
 from pdserve.pd.transfer_stats import TransferCounters
-from pdserve.verify.probe import greedy_token_ids
+from pdserve.verify.probe import pd_and_local_token_ids
 
 PORT_FORWARD_TIMEOUT_S = 30.0
 CHECK_HEADER = ("CHECK", "RESULT", "DETAIL")
@@ -116,9 +115,8 @@ async def _pd_matches_local(
 ) -> Check:
     """Greedy output through both legs and through one engine alone must be token-identical."""
     try:
-        pd, local = [await greedy_token_ids(session, gateway_url, model=settings.model.served_name, mode=mode,
-                                            prompt_tokens=100, max_tokens=16, timeout_s=timeout_s)
-                     for mode in (Mode.PD, Mode.LOCAL)]
+        pd, local = await pd_and_local_token_ids(session, gateway_url, model=settings.model.served_name,
+                                                 timeout_s=timeout_s)
     except (aiohttp.ClientError, TimeoutError) as exc:
         return Check("pd==local", "FAIL", repr(exc))
     if pd == local:

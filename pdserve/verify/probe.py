@@ -75,3 +75,14 @@ async def greedy_token_ids(
         reply.raise_for_status()
         token_ids: list[int] = (await reply.json())["choices"][0]["token_ids"]
         return token_ids
+
+
+async def pd_and_local_token_ids(
+    session: aiohttp.ClientSession, gateway_url: str, *, model: str, timeout_s: float
+) -> tuple[list[int], list[int]]:
+    """Greedy output of one probe prompt through both legs, then through one engine alone: a correct
+    KV handoff makes them token-identical."""
+    pd, local = [await greedy_token_ids(session, gateway_url, model=model, mode=mode, prompt_tokens=100,
+                                        max_tokens=16, timeout_s=timeout_s)
+                 for mode in (Mode.PD, Mode.LOCAL)]
+    return pd, local

@@ -17,12 +17,11 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from pdserve.config import Settings
-from pdserve.gateway.orchestrator import Mode
 from pdserve.pd.engine_http import EngineClient
 from pdserve.role import Role
 from pdserve.verify import microbench
 from pdserve.verify.checks import NOMINAL_GBPS, Verdict, classify_link, judge, transports_from_log
-from pdserve.verify.probe import HandoffProbe, greedy_token_ids, probe_handoff
+from pdserve.verify.probe import HandoffProbe, pd_and_local_token_ids, probe_handoff
 from pdserve.verify.transfers import Path as TransferPath
 from pdserve.verify.transfers import PathKind
 
@@ -124,12 +123,8 @@ async def _fastest_probe(
 
 
 async def _pd_equals_local(session: aiohttp.ClientSession, gateway_url: str, settings: Settings, timeout_s: float) -> bool:
-    outputs = [
-        await greedy_token_ids(session, gateway_url, model=settings.model.served_name, mode=mode,
-                               prompt_tokens=100, max_tokens=16, timeout_s=timeout_s)
-        for mode in (Mode.PD, Mode.LOCAL)
-    ]
-    return outputs[0] == outputs[1]
+    pd, local = await pd_and_local_token_ids(session, gateway_url, model=settings.model.served_name, timeout_s=timeout_s)
+    return pd == local
 
 
 def _host_memcpy_gbps() -> float:
