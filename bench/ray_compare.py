@@ -318,26 +318,14 @@ async def measure(name: str, url: str, plan: Plan, *, prompts: PromptMaker, salt
 async def repin_ray_serve_llm(cluster: LocalCluster) -> bool:
     """Move Ray Serve LLM's engine worker threads back onto their engines' cores, as pdserve's
     launcher does for its own (vLLM-CPU's NIXL setup pins them to the last core). True if any moved."""
-    replicas = await serve_replicas(cluster, "ray-serve-llm")
+    replicas = await asyncio.to_thread(cluster.running_replicas, "ray-serve-llm")
     moved = 0
     for deployment, core in (("Prefill:", PREFILL_CORE), ("Decode:", DECODE_CORE)):
-        for name, pids in replicas.items():
+        for name, running in replicas.items():
             if name.startswith(deployment):
-                moved += sum(len(confine_workers(pid, {int(core)})) for pid in pids)
+                moved += sum(len(confine_workers(replica["pid"], {int(core)})) for replica in running)
     say(f"  re-pinned {moved} Ray Serve LLM engine thread(s)")
     return moved > 0
-
-
-async def serve_replicas(cluster: LocalCluster, app_name: str) -> dict[str, list[int]]:
-    """Ray's own view of an application: each deployment's running replica pids."""
-    script = ("import json, sys; from ray.dashboard.modules.serve.sdk import ServeSubmissionClient as C; "
-              "print(json.dumps(C(sys.argv[1]).get_serve_details()))")
-    process = await asyncio.create_subprocess_exec(sys.executable, "-c", script, cluster.dashboard_url,
-                                                   env=cluster.env, stdout=asyncio.subprocess.PIPE)
-    stdout, _ = await process.communicate()
-    deployments = json.loads(stdout)["applications"][app_name]["deployments"]
-    return {name: [replica["pid"] for replica in deployment["replicas"] if replica["state"] == "RUNNING"]
-            for name, deployment in deployments.items()}
 
 
 async def take_down(system: System, *, env: dict[str, str], plan: Plan) -> None:

@@ -156,6 +156,8 @@ class RaySpec(_Frozen):
         "Ray custom resources for the gateway replica, e.g. {head: 1}"))
     health_check_period_s: float = Field(2.0, gt=0, description=(
         "how often Serve asks each engine replica for its engine's /health"))
+    engine_unresponsive_s: float = Field(60.0, gt=0, description=(
+        "a running engine that has not answered /health this long is replaced; one that exited is at once"))
     deploy_timeout_s: float = Field(900.0, gt=0, description="`ray up` waits this long for the app to serve")
 
 

@@ -89,6 +89,13 @@ def replica_summary(app: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
+def deployment_problems(app: dict[str, Any]) -> str:
+    """Each unhealthy or failed deployment's own message, one indented line each (empty if none). Pure."""
+    return "".join(f"\n    {name}: {deployment.get('message', '').strip()}"
+                   for name, deployment in sorted(app.get("deployments", {}).items())
+                   if deployment.get("status") in ("UNHEALTHY", "DEPLOY_FAILED"))
+
+
 async def _ask(call: Callable[..., T], *args: Any) -> T:
     """One blocking dashboard call off the loop; its failures become a DeployError that says so."""
     try:
@@ -121,9 +128,11 @@ async def _until_running(
         if status == "RUNNING":
             progress(f"  {status:<12} {replica_summary(app)}")
             return
-        if status in ("DEPLOY_FAILED", "UNHEALTHY"):
-            raise DeployError(f"serveapplication/{name} is {status}: {app.get('message', '')}")
+        if status == "DEPLOY_FAILED":
+            raise DeployError(f"serveapplication/{name} is {status}: {app.get('message', '')}{deployment_problems(app)}")
         line = f"  {status:<12} {replica_summary(app)}"
+        if status == "UNHEALTHY":  # Serve replaces the replica that failed its health check; say why, wait on
+            line += deployment_problems(app)
         if line != last_line or time.monotonic() - last_report_s >= PROGRESS_EVERY_S:
             progress(line)
             last_line, last_report_s = line, time.monotonic()

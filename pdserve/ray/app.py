@@ -19,6 +19,7 @@ from pdserve.role import Role
 
 # Serve may stop a replica this long after asking; the engine itself gets 20 s of it.
 ENGINE_SHUTDOWN_S = 30.0
+HEALTH_CHECK_MARGIN_S = 5.0
 
 
 def app(args: dict[str, Any]) -> Application:
@@ -45,7 +46,8 @@ def engine_options(settings: Settings, role: Role) -> dict[str, Any]:
         "num_replicas": pool.engines,  # `render serve` sets it in the config's deployments instead
         "ray_actor_options": replica_resources(pool),
         "health_check_period_s": settings.ray.health_check_period_s,
-        "health_check_timeout_s": settings.gateway.health_timeout_s,
+        # The replica's check waits up to the probe's own timeout; Serve must not cut it short.
+        "health_check_timeout_s": settings.gateway.health_timeout_s + HEALTH_CHECK_MARGIN_S,
         "graceful_shutdown_timeout_s": ENGINE_SHUTDOWN_S,
         "max_ongoing_requests": 1,  # Serve only calls the replica for health; tokens go over HTTP
     }

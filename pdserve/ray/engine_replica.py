@@ -1,7 +1,11 @@
 """One Ray Serve replica runs one vLLM engine on the node Ray placed it on, bound to that node's
 address (NIXL side channel and ``VLLM_HOST_IP`` included). Serve's health check asks the
 engine's ``/health``; each healthy answer also renews the engine's registration with the
-gateway, so a replica Serve replaces or adds is used within seconds."""
+gateway, so a replica Serve replaces or adds is used within seconds.
+
+Replacing an engine costs a full start (a minute on CPU, minutes on a GPU), so a running engine
+that misses probes is given ``ray.engine_unresponsive_s`` before Serve is told: a busy CPU engine
+can stall for seconds while a neighbour compiles. One that has exited fails at once."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +61,8 @@ class EngineReplica:
         self._kv_path_log = TransportLog(log_path)
         self._session = aiohttp.ClientSession()
         self._health_timeout_s = settings.gateway.health_timeout_s
+        self._unanswered = Unanswered(grace_s=settings.ray.engine_unresponsive_s)
+        self._announcing: asyncio.Task[None] | None = None
         self._gateway = serve.get_deployment_handle(GATEWAY_DEPLOYMENT, app_name=context.app_name)
         log.info("starting %s at %s (log %s)", self._spec.name, self._spec.base_url, log_path)
         await self._engine.start()
@@ -67,15 +74,22 @@ class EngineReplica:
         await self._announce()
 
     async def check_health(self) -> None:
-        """Raises when the engine has died or stopped answering: Serve then replaces this replica."""
+        """Raises when the engine has exited or not answered for ``ray.engine_unresponsive_s``:
+        Serve then replaces this replica. Registration with the gateway runs beside it, so a busy
+        gateway never fails an engine's health check."""
         if not self._engine.is_running:
             tail = self._engine.log_tail()
             await self._engine.stop()  # its EngineCore and workers outlive a killed API server otherwise
             raise EngineStartFailed(f"{self._spec.name} exited:\n{tail}")
         problem = await probe(self._session, self._spec.base_url, timeout_s=self._health_timeout_s)
+        verdict = self._unanswered.verdict(problem, now_s=time.monotonic())
+        if verdict is not None:
+            raise EngineStartFailed(f"{self._spec.name} at {self._spec.base_url} is unhealthy: {verdict}")
         if problem is not None:
-            raise EngineStartFailed(f"{self._spec.name} at {self._spec.base_url} is unhealthy: {problem}")
-        await self._announce()
+            log.warning("%s at %s missed a health probe (%s); still running", self._spec.name, self._spec.base_url,
+                        problem)
+        elif self._announcing is None or self._announcing.done():
+            self._announcing = asyncio.create_task(self._announce())
 
     def engine_url(self) -> str:
         return self._spec.base_url
@@ -94,11 +108,31 @@ class EngineReplica:
 
     async def _stop(self) -> None:
         """Unregister first, so no new request is sent to an engine that is going away."""
+        if self._announcing is not None:
+            self._announcing.cancel()
         with contextlib.suppress(TimeoutError, RayError, RayServeException):
             await asyncio.wait_for(self._gateway.unregister.remote(self._role.value, self._spec.base_url),
                                    timeout=ANNOUNCE_TIMEOUT_S)
         await self._engine.stop()
         await self._session.close()
+
+
+class Unanswered:
+    """How long an engine has gone without a healthy answer; a verdict once that passes the grace."""
+
+    def __init__(self, *, grace_s: float) -> None:
+        self._grace_s = grace_s
+        self._since_s: float | None = None
+
+    def verdict(self, problem: str | None, *, now_s: float) -> str | None:
+        """None while the engine answered, or has not for at most the grace; else why it is unhealthy."""
+        if problem is None:
+            self._since_s = None
+            return None
+        if self._since_s is None:
+            self._since_s = now_s
+        silent_s = now_s - self._since_s
+        return f"{problem}, no healthy answer for {silent_s:.0f} s" if silent_s > self._grace_s else None
 
 
 class TransportLog:

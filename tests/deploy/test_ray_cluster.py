@@ -17,12 +17,15 @@ from tests.conftest import free_port, serving
 
 
 class FakeServe:
-    """Applications go DEPLOYING -> RUNNING (or DEPLOY_FAILED) over successive status reads."""
+    """Applications go through ``statuses`` over successive status reads after a deploy (the last one
+    stays); a deployment's message goes with a DEPLOY_FAILED or UNHEALTHY status."""
 
-    def __init__(self, *, fail_with: str = "", other_apps: dict[str, Any] | None = None) -> None:
-        self.fail_with, self.reads = fail_with, 0
+    def __init__(self, *, statuses: tuple[str, ...] = ("DEPLOYING", "DEPLOYING", "RUNNING"), message: str = "",
+                 other_apps: dict[str, Any] | None = None) -> None:
+        self.statuses, self.message, self.reads = statuses, message, 0
         self.deployed: list[dict[str, Any]] = []
         self.apps: dict[str, Any] = dict(other_apps or {})
+        self.ours: set[str] = set()
         self.gateway_calls = 0
 
     def app(self) -> Starlette:
@@ -36,16 +39,19 @@ class FakeServe:
         if request.method == "PUT":
             config = await request.json()
             self.deployed.append(config)
-            self.apps = {app["name"]: {"status": "DEPLOYING", "deployed_app_config": app, "deployments": {
-                "prefill": {"replicas": [{"state": "STARTING"}]}}} for app in config["applications"]}
+            self.reads, self.ours = 0, {app["name"] for app in config["applications"]} - set(self.apps)
+            self.apps = {app["name"]: {"deployed_app_config": app} for app in config["applications"]}
         elif request.method == "DELETE":
             self.apps = {}
         else:
+            status = self.statuses[min(self.reads, len(self.statuses) - 1)]
             self.reads += 1
-            for app in self.apps.values():
-                if app.get("status") == "DEPLOYING" and self.reads > 2:
-                    app["status"] = "DEPLOY_FAILED" if self.fail_with else "RUNNING"
-                    app["message"] = self.fail_with
+            failing = status in ("DEPLOY_FAILED", "UNHEALTHY")
+            for name in self.ours & set(self.apps):
+                self.apps[name] |= {"status": status, "message": "The deployments ['decode'] failed." * failing,
+                                    "deployments": {"decode": {"status": status if failing else "HEALTHY",
+                                                               "message": self.message * failing,
+                                                               "replicas": [{"state": "STARTING"}]}}}
         return JSONResponse({"applications": self.apps})
 
     async def completion(self, _request: Request) -> Response:
@@ -77,11 +83,20 @@ async def test_up_deploys_the_serve_config_keeps_other_apps_and_waits_until_it_a
     assert fake.gateway_calls == 2  # the first warm-up got 503 and was retried
 
 
-async def test_a_failed_deployment_is_an_error_with_serves_message() -> None:
-    fake = FakeServe(fail_with="ModuleNotFoundError: No module named 'pdserve'")
+async def test_a_failed_deployment_is_an_error_with_the_deployments_own_message() -> None:
+    fake = FakeServe(statuses=("DEPLOYING", "DEPLOY_FAILED"), message="ModuleNotFoundError: No module named 'pdserve'")
     async with serving(fake.app(), free_port()) as url:
-        with pytest.raises(DeployError, match="DEPLOY_FAILED: ModuleNotFoundError"):
+        with pytest.raises(DeployError, match="DEPLOY_FAILED: .*\n    decode: ModuleNotFoundError"):
             await ray_up(settings_for(url), progress=lambda _line: None)
+
+
+async def test_an_unhealthy_deployment_is_reported_and_waited_on_while_serve_replaces_the_replica() -> None:
+    fake, lines = FakeServe(statuses=("UNHEALTHY", "UNHEALTHY", "RUNNING"), message="A replica's health check failed."),\
+        list[str]()
+    async with serving(fake.app(), free_port()) as url:
+        await ray_up(settings_for(url), progress=lines.append)
+    assert any("UNHEALTHY" in line and "decode: A replica's health check failed." in line for line in lines)
+    assert lines[-1].startswith("ready in")
 
 
 async def test_an_app_deployed_without_a_config_is_not_silently_removed() -> None:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import free_port_block
 
@@ -37,6 +38,16 @@ class LocalCluster:
 
     def ray(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run([RAY, *args], env=self.env, capture_output=True, text=True, check=check, timeout=120)
+
+    def running_replicas(self, app_name: str) -> dict[str, list[dict[str, Any]]]:
+        """Ray's own view of an application: each deployment's running replicas (node_ip, pid, ...)."""
+        script = ("import json, sys; from ray.dashboard.modules.serve.sdk import ServeSubmissionClient as C; "
+                  "print(json.dumps(C(sys.argv[1]).get_serve_details()))")
+        result = subprocess.run([sys.executable, "-c", script, self.dashboard_url], env=self.env,
+                                capture_output=True, text=True, check=True, timeout=60)
+        deployments = json.loads(result.stdout)["applications"][app_name]["deployments"]
+        return {name: [replica for replica in deployment["replicas"] if replica["state"] == "RUNNING"]
+                for name, deployment in deployments.items()}
 
 
 @contextmanager

@@ -72,17 +72,6 @@ def ray_up(deployed: Deployment) -> str:
     return result.stdout
 
 
-def serve_replicas(cluster: LocalCluster) -> dict[str, list[dict[str, Any]]]:
-    """Ray's own view: each deployment's running replicas (node_ip, pid, ...)."""
-    script = ("import json, sys; from ray.dashboard.modules.serve.sdk import ServeSubmissionClient as C; "
-              "print(json.dumps(C(sys.argv[1]).get_serve_details()))")
-    result = subprocess.run([sys.executable, "-c", script, cluster.dashboard_url], env=cluster.env,
-                            capture_output=True, text=True, check=True, timeout=60)
-    app = yaml.safe_load(result.stdout)["applications"]["pdserve"]
-    return {name: [replica for replica in deployment["replicas"] if replica["state"] == "RUNNING"]
-            for name, deployment in app["deployments"].items()}
-
-
 def gateway_engines(deployed: Deployment) -> dict[str, list[str]]:
     health = httpx.get(deployed.gateway_url + "/health", timeout=10).json()
     return {role: [engine["url"] for engine in engines if engine["is_healthy"]]
@@ -119,7 +108,7 @@ def wait_for(condition: Any, *, timeout_s: float, what: str) -> Any:
 
 
 def test_each_replica_runs_on_its_node_and_engines_listen_on_the_node_address(deployment: Deployment) -> None:
-    replicas = serve_replicas(deployment.cluster)
+    replicas = deployment.cluster.running_replicas("pdserve")
     assert [replica["node_ip"] for replica in replicas["prefill"]] == [PREFILL_NODE]
     assert [replica["node_ip"] for replica in replicas["decode"]] == [DECODE_NODE]
     assert [replica["node_ip"] for replica in replicas["gateway"]] == [HEAD]
@@ -160,7 +149,7 @@ def test_verify_reaches_engines_on_other_nodes_and_names_their_kv_backend(deploy
 
 
 def test_killed_decode_engine_is_replaced_and_followed_without_restarting_the_gateway(deployment: Deployment) -> None:
-    gateway_pid = serve_replicas(deployment.cluster)["gateway"][0]["pid"]
+    gateway_pid = deployment.cluster.running_replicas("pdserve")["gateway"][0]["pid"]
     [old_url] = gateway_engines(deployment)["decode"]
     old_pid = listener_pid(old_url)
     engine_group = [process for process in psutil.process_iter() if _process_group(process) == old_pid]
@@ -171,7 +160,7 @@ def test_killed_decode_engine_is_replaced_and_followed_without_restarting_the_ga
     assert old_url not in gateway_engines(deployment)["decode"]
     assert urlsplit(new_urls[0]).hostname == DECODE_NODE
     assert len(complete_greedy(deployment, "After the restart")) == 16
-    assert serve_replicas(deployment.cluster)["gateway"][0]["pid"] == gateway_pid
+    assert deployment.cluster.running_replicas("pdserve")["gateway"][0]["pid"] == gateway_pid
     # Nothing of the killed engine lingers: its engine core and worker would spin a core each.
     wait_for(lambda: not any(_is_alive(process) for process in engine_group), timeout_s=60,
              what="the killed engine's processes to exit")
@@ -192,19 +181,19 @@ def _is_alive(process: psutil.Process) -> bool:
 
 
 def test_redeploy_with_two_decode_replicas_spreads_requests(deployment: Deployment) -> None:
-    gateway_pid = serve_replicas(deployment.cluster)["gateway"][0]["pid"]
+    gateway_pid = deployment.cluster.running_replicas("pdserve")["gateway"][0]["pid"]
     deployment.config["decode"]["engines"] = 2  # a light Serve update: nothing else restarts
     ray_up(deployment)
     decode_urls = wait_for(lambda: len(urls := gateway_engines(deployment)["decode"]) == 2 and urls,
                            timeout_s=120, what="the gateway to learn both decode engines")
-    assert sorted(replica["node_ip"] for replica in serve_replicas(deployment.cluster)["decode"]) == [DECODE_NODE] * 2
+    assert sorted(replica["node_ip"] for replica in deployment.cluster.running_replicas("pdserve")["decode"]) == [DECODE_NODE] * 2
     before = {url: decode_requests(url) for url in decode_urls}
     for index in range(8):
         complete_greedy(deployment, f"{index} spread")
     served = {url: decode_requests(url) - before[url] for url in decode_urls}
     assert all(count >= 1 for count in served.values()), served
     assert sum(served.values()) >= 8
-    assert serve_replicas(deployment.cluster)["gateway"][0]["pid"] == gateway_pid
+    assert deployment.cluster.running_replicas("pdserve")["gateway"][0]["pid"] == gateway_pid
 
 
 def decode_requests(url: str) -> float:

@@ -6,7 +6,14 @@ from pathlib import Path
 from pdserve.config import RaySpec, parse_settings
 from pdserve.deploy.serve import serve_config
 from pdserve.ray.app import engine_options
-from pdserve.ray.engine_replica import TransportLog, port_if_free, replica_cpu_bind, replica_engine_spec, replica_ranks
+from pdserve.ray.engine_replica import (
+    TransportLog,
+    Unanswered,
+    port_if_free,
+    replica_cpu_bind,
+    replica_engine_spec,
+    replica_ranks,
+)
 from pdserve.ray.gateway_replica import registration_ttl_s
 from pdserve.role import Role
 from tests.conftest import free_port
@@ -29,6 +36,8 @@ def test_engine_replicas_ask_for_the_pool_count_cpus_gpus_and_custom_resources()
     prefill = engine_options(settings, Role.PREFILL)
     assert prefill["name"] == "prefill" and prefill["num_replicas"] == 2 and prefill["health_check_period_s"] == 3
     assert prefill["ray_actor_options"] == {"num_cpus": 4.0, "num_gpus": 0, "resources": {"prefill": 1.0}}
+    # Serve must not cut short a probe that may itself wait gateway.health_timeout_s.
+    assert prefill["health_check_timeout_s"] > settings.gateway.health_timeout_s
     assert "placement_group_bundles" not in prefill
     decode = engine_options(settings, Role.DECODE)
     assert decode["ray_actor_options"]["num_gpus"] == 2
@@ -53,6 +62,15 @@ def test_transport_log_reads_only_new_complete_lines(tmp_path: Path) -> None:
         log.write(UCX_TABLE[10:] + "GET /health 200\n" * 3)
     assert reader.read() == (["UCX"], ["cma/memory (zero-copy)"])
     assert reader.read() == (["UCX"], ["cma/memory (zero-copy)"])  # kept, not re-read
+
+
+def test_a_running_engine_that_misses_probes_is_unhealthy_only_after_the_grace() -> None:
+    unanswered = Unanswered(grace_s=60.0)
+    assert unanswered.verdict("TimeoutError after 5 s", now_s=100.0) is None
+    assert unanswered.verdict("TimeoutError after 5 s", now_s=150.0) is None
+    assert unanswered.verdict(None, now_s=155.0) is None  # an answer starts the count afresh
+    assert unanswered.verdict("status 503", now_s=160.0) is None
+    assert unanswered.verdict("status 503", now_s=221.0) == "status 503, no healthy answer for 61 s"
 
 
 def test_an_engine_survives_two_missed_health_checks_in_the_registry() -> None:
