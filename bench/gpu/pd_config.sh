@@ -1,21 +1,28 @@
-# Sourced by the GPU scripts: writes the Qwen3-8B-shaped model folder (/tmp/q8b, no weights: the engines
-# run with --load-format dummy) and the pdserve config /tmp/pd.yaml for PREFILL_GPU, DECODE_GPU, MEM (GPU
-# memory share), MPS (auto, on, off), KV_BLOCK (tokens per KV block; unset: pdserve's GPU default, 128),
-# KV_BUFFER (auto, cpu, cuda) and ENGINE_ENV (a YAML mapping of extra engine environment, applied last),
-# then validates it, so a bad setting fails here and not after the engines' minutes of start-up.
+# Sourced by the GPU scripts: writes a model folder of SHAPE (qwen3-8b or qwen3.5-9b; /tmp/SHAPE, no weights:
+# the engines run with --load-format dummy) and the pdserve config CONFIG (/tmp/pd.yaml) for PREFILL_GPU,
+# DECODE_GPU, MEM (GPU memory share), MPS (auto, on, off), KV_BLOCK (tokens per KV block; unset: pdserve's GPU
+# default, 128), KV_BUFFER (auto, cpu, cuda), ENGINE_ENV (a YAML mapping of extra engine environment, applied
+# last), PREFILL_ARGS / DECODE_ARGS (extra vLLM args of one pool, as JSON list items: '"--flag", "value"'),
+# PORT (gateway; engines at PORT+100 and PORT+200), SIDE_PORT (first NIXL side channel) and LOG_DIR, then
+# validates it, so a bad setting fails here and not after the engines' minutes of start-up.
+# Nothing model-specific is set by hand: pdserve reads the shape's config.json (a hybrid model gets its
+# flags from pdserve/engines/model_layout.py).
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-PREFILL_GPU=${PREFILL_GPU:-0} DECODE_GPU=${DECODE_GPU:-0} MEM=${MEM:-0.4}
-python3 -m pdserve demo-model /tmp/q8b --shape qwen3-8b || return 1
+PREFILL_GPU=${PREFILL_GPU:-0} DECODE_GPU=${DECODE_GPU:-0} MEM=${MEM:-0.4} SHAPE=${SHAPE:-qwen3-8b}
+CONFIG=${CONFIG:-/tmp/pd.yaml} PORT=${PORT:-8000} SIDE_PORT=${SIDE_PORT:-5600} LOG_DIR=${LOG_DIR:-/tmp/pdlogs}
+MODEL_DIR=/tmp/$SHAPE; [ "$SHAPE" = qwen3-8b ] && MODEL_DIR=/tmp/q8b
+python3 -m pdserve demo-model $MODEL_DIR --shape $SHAPE || return 1
 # A fixed 32 GiB of KV cache per engine, no torch.compile, full CUDA graphs for decode batches up to 256.
 # pdserve adds --block-size 128 to GPU engines itself, and starts CUDA MPS when both share a GPU.
-ENGINE='["--load-format", "dummy", "--gpu-memory-utilization", "'$MEM'", "--kv-cache-memory-bytes", "34359738368",
+ENGINE='"--load-format", "dummy", "--gpu-memory-utilization", "'$MEM'", "--kv-cache-memory-bytes", "34359738368",
   "--compilation-config",
-  "{\"mode\":0,\"cudagraph_mode\":\"FULL_DECODE_ONLY\",\"cudagraph_capture_sizes\":[1,2,4,8,16,24,32,48,64,96,128,192,256]}"]'
-cat > /tmp/pd.yaml <<YAML
-model: {path: /tmp/q8b, served_name: qwen3-8b, max_model_len: 8192}
-prefill: {device: cuda, gpu_ids: [$PREFILL_GPU], extra_args: $ENGINE, env: ${ENGINE_ENV:-{\}}}
-decode: {device: cuda, gpu_ids: [$DECODE_GPU], extra_args: $ENGINE, env: ${ENGINE_ENV:-{\}}}
-launch: {log_dir: /tmp/pdlogs, ready_timeout_s: 420, mps: "${MPS:-auto}"}
-kv: {${KV_BLOCK:+block_size: $KV_BLOCK, }buffer_device: ${KV_BUFFER:-auto}}
+  "{\"mode\":0,\"cudagraph_mode\":\"FULL_DECODE_ONLY\",\"cudagraph_capture_sizes\":[1,2,4,8,16,24,32,48,64,96,128,192,256]}"'
+cat > $CONFIG <<YAML
+model: {path: $MODEL_DIR, served_name: $SHAPE, max_model_len: 8192}
+prefill: {device: cuda, gpu_ids: [$PREFILL_GPU], base_port: $((PORT + 100)), extra_args: [$ENGINE${PREFILL_ARGS:+, $PREFILL_ARGS}], env: ${ENGINE_ENV:-{\}}}
+decode: {device: cuda, gpu_ids: [$DECODE_GPU], base_port: $((PORT + 200)), extra_args: [$ENGINE${DECODE_ARGS:+, $DECODE_ARGS}], env: ${ENGINE_ENV:-{\}}}
+gateway: {port: $PORT}
+launch: {log_dir: $LOG_DIR, ready_timeout_s: 420, mps: "${MPS:-auto}"}
+kv: {${KV_BLOCK:+block_size: $KV_BLOCK, }buffer_device: ${KV_BUFFER:-auto}, side_channel_base_port: $SIDE_PORT}
 YAML
-python3 -m pdserve config validate /tmp/pd.yaml || return 1
+python3 -m pdserve config validate $CONFIG || return 1

