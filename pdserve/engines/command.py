@@ -7,7 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pdserve.config import EngineSpec, KVTransferSpec, ModelSpec
+from pdserve.config import EngineSpec, KVTransferSpec, ModelSpec, PoolSpec
+from pdserve.engines.kv_link import BufferChoice, HostLink, choose_buffer_device, libfabric_env, libfabric_provider
+from pdserve.engines.kv_path import BUFFER_NOTE, PROVIDER_NOTE
 from pdserve.engines.model_layout import ModelLayout, engine_needs
 from pdserve.role import Role
 
@@ -21,18 +23,23 @@ KV_ROLES = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer"}
 class EngineCommand:
     argv: list[str]
     env: dict[str, str]  # added to the parent's environment
+    # What pdserve chose for this engine and why, written at the top of its log: `pdserve verify`
+    # and the gateway read them back from there (engines/kv_path.py), wherever the engine runs.
+    notes: tuple[str, ...] = ()
 
 
 def build_engine_command(
     spec: EngineSpec, *, model: ModelSpec, model_path: str, layout: ModelLayout, kv: KVTransferSpec, python: str,
-    host: str, cpu_bind: str,
+    host: str, cpu_bind: str, link: HostLink,
 ) -> EngineCommand:
     """argv + env for ``spec``. ``cpu_bind`` is VLLM_CPU_OMP_THREADS_BIND for CPU engines; ``layout`` (of the
-    model at ``model_path``) adds what a hybrid or multimodal model needs. Raises ConfigError when the pool's
-    settings cannot hand that model off.
+    model at ``model_path``) adds what a hybrid or multimodal model needs; ``link`` (this host's, from
+    ``kv_link.probe_host_link``) decides where the KV buffer lives and the libfabric provider. Raises
+    ConfigError when the pool's settings cannot hand that model off.
     """
     pool = spec.pool
-    needs = engine_needs(layout, spec)
+    needs = engine_needs(layout, spec, dtype=model.dtype)
+    buffer = choose_buffer_device(kv, pool, link)
     argv = [
         python, "-m", VLLM_SERVER_MODULE,
         "--model", model_path,
@@ -42,7 +49,7 @@ def build_engine_command(
         "--max-model-len", str(model.max_model_len),
         "--dtype", model.dtype,
         "--tensor-parallel-size", str(pool.tensor_parallel_size),
-        "--kv-transfer-config", json.dumps(kv_transfer_config(spec, kv)),
+        "--kv-transfer-config", json.dumps(kv_transfer_config(spec, kv, buffer_device=buffer.device)),
         *_block_size_args(spec, kv),
         *needs.args,
         *pool.extra_args,
@@ -64,9 +71,23 @@ def build_engine_command(
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(pool.kv_cache_gib)
         env[CPU_BIND_ENV] = cpu_bind
+    if "LIBFABRIC" in kv.backends:
+        env.update(libfabric_env(libfabric_provider(kv, pool, link)[0], device=pool.device, buffer=buffer))
     env.update(needs.env)
     env.update(pool.env)
-    return EngineCommand(argv=argv, env=env)
+    return EngineCommand(argv=argv, env=env, notes=kv_notes(kv, pool, link=link, buffer=buffer, env=env))
+
+
+def kv_notes(
+    kv: KVTransferSpec, pool: PoolSpec, *, link: HostLink, buffer: BufferChoice, env: dict[str, str]
+) -> tuple[str, ...]:
+    """Where the KV buffer lives and, for LIBFABRIC, the provider in force (``env`` may be the pool's pick)."""
+    notes = [f"{BUFFER_NOTE} {buffer.device}: {buffer.reason}"]
+    if "LIBFABRIC" in kv.backends:
+        provider, why = libfabric_provider(kv, pool, link)
+        in_force = env["FI_PROVIDER"]
+        notes.append(f"{PROVIDER_NOTE} {in_force}: {why if in_force == provider else 'set in the pool env'}")
+    return tuple(notes)
 
 
 # Each KV block of each layer is one NIXL descriptor, and posting descriptors, not moving bytes,
@@ -83,9 +104,8 @@ def _block_size_args(spec: EngineSpec, kv: KVTransferSpec) -> list[str]:
     return [] if block_size is None else ["--block-size", str(block_size)]
 
 
-def kv_transfer_config(spec: EngineSpec, kv: KVTransferSpec) -> dict[str, Any]:
+def kv_transfer_config(spec: EngineSpec, kv: KVTransferSpec, *, buffer_device: str) -> dict[str, Any]:
     """vLLM's ``--kv-transfer-config`` for one engine: unique engine_id, role, buffer device."""
-    buffer_device = kv.buffer_device if kv.buffer_device != "auto" else spec.pool.device
     return {
         "kv_connector": kv.connector,
         "kv_role": KV_ROLES[spec.role],

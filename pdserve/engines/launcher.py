@@ -22,6 +22,7 @@ import aiohttp
 from pdserve.config import EngineSpec
 from pdserve.engines.command import CPU_BIND_ENV, EngineCommand
 from pdserve.engines.cpu_affinity import confine_workers, parse_cpu_list
+from pdserve.engines.kv_path import NOTE_PREFIX
 from pdserve.errors import EngineStartFailed
 
 _PR_SET_PDEATHSIG = 1
@@ -54,6 +55,7 @@ class EngineProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = self.log_path.open("ab")
         self._log_file.write(f"\n=== pdserve: starting {self.spec.name}: {' '.join(self.command.argv)}\n".encode())
+        self._log_file.write("".join(f"{NOTE_PREFIX}{note}\n" for note in self.command.notes).encode())
         self._log_file.flush()
         self._process = await asyncio.create_subprocess_exec(
             *self.command.argv,

@@ -7,15 +7,18 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
 
 from pdserve.config import EngineSpec, Settings
-from pdserve.engines.command import EngineCommand, build_engine_command, split_cpus
+from pdserve.engines.command import build_engine_command, split_cpus
+from pdserve.engines.kv_link import probe_host_link
 from pdserve.engines.launcher import EngineProcess, bring_up
 from pdserve.engines.model_layout import ModelLayout
 from pdserve.engines.mps import MpsDaemon, plan_mps
+from pdserve.engines.nixl_plugins import backend_problems
 from pdserve.errors import EngineStartFailed
 
 log = logging.getLogger(__name__)
@@ -37,6 +40,7 @@ class Supervisor:
         """Start the MPS daemon if planned, then every engine at once, and wait until all are
         ready; on any failure stop all.
         """
+        await self._check_backends_load()
         if self.mps is not None:
             await self.mps.start()
             self._progress(f"  {'mps':<10} started  engines sharing a GPU run side by side ({self.mps.pipe_dir})")
@@ -48,6 +52,18 @@ class Supervisor:
         except BaseException:
             await self.stop_all()
             raise
+
+    async def _check_backends_load(self) -> None:
+        """UCX ships inside NIXL's wheel; other backends need system libraries: refuse before any engine
+        starts if NIXL cannot create them, naming the library it could not load."""
+        extra = [backend for backend in self._settings.kv.backends if backend != "UCX"]
+        if not extra or not self.engines:
+            return
+        problems = await backend_problems(extra, python=self._settings.launch.python or sys.executable,
+                                          env=self.engines[0].command.env)
+        if problems:
+            raise EngineStartFailed("NIXL cannot create the KV backend(s) in kv.backends: " + "; ".join(
+                f"{backend}: {why}" for backend, why in problems.items()) + " (see docs/transport.md, section 9)")
 
     async def keep_alive(self, session: aiohttp.ClientSession) -> None:
         """Run until cancelled: restart engines that exit, with doubling backoff.
@@ -93,14 +109,16 @@ def _plan_engines(
     cpu_specs = [spec for spec in specs if spec.pool.device == "cpu"]
     auto_binds = iter(split_cpus(sorted(os.sched_getaffinity(0)), len(cpu_specs)))
     log_dir = Path(settings.launch.log_dir)
+    link = probe_host_link()
     engines = []
     for spec in specs:
         cpu_bind = spec.cpu_threads_bind or (next(auto_binds) if spec.pool.device == "cpu" else "")
         command = build_engine_command(
             spec, model=settings.model, model_path=model_path, layout=layout, kv=settings.kv,
             python=settings.launch.python or sys.executable, host=settings.launch.engine_host, cpu_bind=cpu_bind,
+            link=link,
         )
         if mps is not None and mps.serves(spec):
-            command = EngineCommand(argv=command.argv, env=command.env | mps.env)
+            command = replace(command, env=command.env | mps.env)
         engines.append(EngineProcess(spec, command, log_path=log_dir / f"{spec.name}.log"))
     return engines

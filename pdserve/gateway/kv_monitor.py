@@ -1,20 +1,60 @@
-"""Scrape the decode engines' KV-transfer counters into the gateway's metrics; warn loudly
-when recent transfers ran slower than ``gateway.slow_kv_gbps`` or failed."""
+"""Read each decode engine's KV-transfer telemetry and judge the gateway's handoffs by it.
+
+A handoff (prefill done -> first decoded token) also waits in the decode engine's queue, so a
+slow one alone says nothing about the transport. WARN only when the engine's own transfers were
+slow or failed; a slow handoff with fast transfers is load, noted at INFO at most once per
+``gateway.busy_log_interval_s`` per engine.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
+from dataclasses import dataclass, field
 
 import aiohttp
 
 from pdserve.config import GatewaySpec
+from pdserve.gateway.engine_state import EngineState, parse_engine_state
+from pdserve.gateway.handoffs import Handoffs, HandoffTally
 from pdserve.gateway.metrics import EngineKVCollector
-from pdserve.pd.transfer_stats import TransferCounters, fetch_counters
+from pdserve.pd.transfer_stats import TransferCounters, fetch_metrics_text, parse_counters
 from pdserve.role import Role
 from pdserve.routing.pool import Pool
 
 log = logging.getLogger(__name__)
+# The samples transfer_stats.parse_counters and parse_engine_state read. The parser takes tens of
+# ms for an engine's whole page (~50 KB), on the event loop that relays every token.
+READ_PREFIXES = (
+    "vllm:nixl_xfer_time_seconds_", "vllm:nixl_bytes_transferred_sum", "vllm:nixl_num_failed_transfers_total",
+    "vllm:num_requests_waiting{", "vllm:num_requests_running{", "vllm:prompt_tokens_by_source_total",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One read of a decode engine's /metrics: cumulative counters, scheduler gauges."""
+
+    counters: TransferCounters = field(default_factory=TransferCounters)
+    state: EngineState = field(default_factory=EngineState)
+
+
+@dataclass(frozen=True, slots=True)
+class BusySpell:
+    """Slow handoffs to one engine that fast transfers explain, not yet logged."""
+
+    handoffs: HandoffTally = field(default_factory=HandoffTally)
+    transfers: TransferCounters = field(default_factory=TransferCounters)
+    peak_waiting: float = 0.0
+    peak_running: float = 0.0
+    logged_s: float = -math.inf  # time.monotonic() of the last busy line
+
+
+def select_samples(metrics_text: str, prefixes: tuple[str, ...]) -> str:
+    """The sample lines of Prometheus text that start with one of ``prefixes``. Pure."""
+    return "".join(line for line in metrics_text.splitlines(keepends=True) if line.startswith(prefixes))
 
 
 def check_window(url: str, window: TransferCounters, *, slow_kv_gbps: float, min_ms: float) -> str | None:
@@ -33,19 +73,94 @@ def check_window(url: str, window: TransferCounters, *, slow_kv_gbps: float, min
     return None
 
 
-async def watch(session: aiohttp.ClientSession, pool: Pool, collector: EngineKVCollector, *, spec: GatewaySpec) -> None:
-    """Forever: every ``kv_scrape_interval_s`` read each decode engine's counters."""
-    while True:
-        for endpoint in pool.healthy(Role.DECODE):
-            try:
-                counters = await fetch_counters(session, endpoint.url, timeout_s=spec.health_timeout_s)
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                log.debug("no KV counters from %s: %s", endpoint.url, exc)
-                continue
-            previous = collector.latest.get(endpoint.url)
-            collector.latest[endpoint.url] = counters
-            warning = previous and check_window(endpoint.url, counters.since(previous), slow_kv_gbps=spec.slow_kv_gbps,
-                                                min_ms=spec.slow_kv_min_ms)
-            if warning:
-                log.warning("%s", warning)
-        await asyncio.sleep(spec.kv_scrape_interval_s)
+def check_transport(
+    url: str, window: TransferCounters, *, slow_transfers: float, handoffs: HandoffTally, spec: GatewaySpec
+) -> str | None:
+    """The WARNING for one window when the engine's own transfers failed, were slow on average
+    or one alone took longer than ``spec.slow_handoff_warn_s``; None otherwise. Pure."""
+    warning = check_window(url, window, slow_kv_gbps=spec.slow_kv_gbps, min_ms=spec.slow_kv_min_ms)
+    if warning is None and slow_transfers > 0:
+        warning = (f"SLOW KV transfer to decode engine {url}: {slow_transfers:.0f} transfer(s) alone took over "
+                   f"{spec.slow_handoff_warn_s * 1000:.0f} ms; run `pdserve verify`")
+    if warning is not None and handoffs.slow > 0:
+        warning += f" ({_slow_handoffs(handoffs, slow_s=spec.slow_handoff_warn_s)})"
+    return warning
+
+
+def describe_busy(url: str, spell: BusySpell, *, slow_s: float) -> str:
+    """The INFO line for slow handoffs that the engine's fast transfers do not explain. Pure."""
+    count, seconds = spell.transfers.transfers, spell.transfers.seconds
+    moved = (f"its own {count:.0f} KV transfer(s) took {seconds / count * 1000:.1f} ms on average" if count > 0
+             else "it finished no KV transfer meanwhile")
+    return (f"decode engine {url} busy: {_slow_handoffs(spell.handoffs, slow_s=slow_s)}, but {moved}: "
+            f"the handoffs waited in the engine, load not transport "
+            f"(waiting={spell.peak_waiting:.0f} running={spell.peak_running:.0f} at most when read)")
+
+
+def _slow_handoffs(handoffs: HandoffTally, *, slow_s: float) -> str:
+    return (f"{handoffs.slow} of {handoffs.count} handoff(s) took over {slow_s * 1000:.0f} ms from prefill done "
+            f"to first decoded token, slowest {handoffs.slowest_s * 1000:.0f} ms")
+
+
+class KVMonitor:
+    """Per decode engine: its last reading and its unlogged busy spell."""
+
+    def __init__(self, *, spec: GatewaySpec, handoffs: Handoffs, collector: EngineKVCollector) -> None:
+        self._spec, self._handoffs, self._collector = spec, handoffs, collector
+        self._readings: dict[str, Reading] = {}
+        self._spells: dict[str, BusySpell] = {}
+
+    async def watch(self, session: aiohttp.ClientSession, pool: Pool) -> None:
+        """Until cancelled: every ``kv_scrape_interval_s`` read and judge each healthy decode engine;
+        then log the busy spells not logged yet."""
+        try:
+            while True:
+                for endpoint in pool.healthy(Role.DECODE):
+                    try:
+                        text = await fetch_metrics_text(session, endpoint.url, timeout_s=self._spec.health_timeout_s)
+                    except (aiohttp.ClientError, TimeoutError) as exc:
+                        log.debug("no KV counters from %s: %s", endpoint.url, exc)
+                        continue
+                    text = select_samples(text, READ_PREFIXES)
+                    reading = Reading(parse_counters(text),
+                                      parse_engine_state(text, slow_transfer_s=self._spec.slow_handoff_warn_s))
+                    self.judge(endpoint.url, reading, now_s=time.monotonic())
+                await asyncio.sleep(self._spec.kv_scrape_interval_s)
+        finally:
+            self.flush()
+
+    def flush(self) -> None:
+        """Log every busy spell that holds a slow handoff, whatever the interval."""
+        for url, spell in self._spells.items():
+            if spell.handoffs.slow > 0:
+                log.info("%s", describe_busy(url, spell, slow_s=self._spec.slow_handoff_warn_s))
+        self._spells.clear()
+
+    def judge(self, url: str, reading: Reading, *, now_s: float) -> None:
+        """Judge the window since the engine's previous reading (since it started, the first time)."""
+        previous = self._readings.get(url, Reading())
+        self._readings[url] = reading
+        self._collector.latest[url] = reading.counters
+        window = reading.counters.since(previous.counters)
+        handoffs = self._handoffs.take(
+            url, transfer_s=window.seconds / window.transfers if window.transfers > 0 else None)
+        slow_transfers = reading.state.slow_transfers - previous.state.slow_transfers
+        warning = check_transport(url, window, slow_transfers=slow_transfers, handoffs=handoffs, spec=self._spec)
+        if warning is not None:
+            log.warning("%s", warning)
+        else:
+            self._note_busy(url, handoffs, window, reading.state, now_s=now_s)
+
+    def _note_busy(self, url: str, handoffs: HandoffTally, window: TransferCounters, state: EngineState,
+                   *, now_s: float) -> None:
+        """Add this window to the engine's busy spell once it has a slow handoff; log the spell
+        when the last line is ``busy_log_interval_s`` old, so no slow handoff goes unreported."""
+        spell = self._spells.get(url, BusySpell())
+        if spell.handoffs.slow > 0 or handoffs.slow > 0:
+            spell = BusySpell(handoffs=spell.handoffs.plus(handoffs), transfers=spell.transfers.plus(window),
+                              peak_waiting=max(spell.peak_waiting, state.waiting),
+                              peak_running=max(spell.peak_running, state.running), logged_s=spell.logged_s)
+        if spell.handoffs.slow > 0 and now_s - spell.logged_s >= self._spec.busy_log_interval_s:
+            log.info("%s", describe_busy(url, spell, slow_s=self._spec.slow_handoff_warn_s))
+            spell = BusySpell(logged_s=now_s)
+        self._spells[url] = spell

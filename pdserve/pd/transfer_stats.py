@@ -64,6 +64,11 @@ def parse_counters(metrics_text: str) -> TransferCounters:
 
 async def fetch_counters(session: aiohttp.ClientSession, url: str, *, timeout_s: float) -> TransferCounters:
     """GET ``url``/metrics and parse it; raises aiohttp.ClientError or TimeoutError."""
+    return parse_counters(await fetch_metrics_text(session, url, timeout_s=timeout_s))
+
+
+async def fetch_metrics_text(session: aiohttp.ClientSession, url: str, *, timeout_s: float) -> str:
+    """The engine's whole ``url``/metrics page; raises aiohttp.ClientError or TimeoutError."""
     async with session.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)) as reply:
         reply.raise_for_status()
-        return parse_counters(await reply.text())
+        return await reply.text()

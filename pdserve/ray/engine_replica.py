@@ -27,13 +27,14 @@ from ray.serve.exceptions import RayServeException
 
 from pdserve.config import EngineSpec, Settings, parse_settings
 from pdserve.engines.command import build_engine_command, split_cpus
+from pdserve.engines.kv_link import probe_host_link
+from pdserve.engines.kv_path import KvPathLog
 from pdserve.engines.launcher import EngineProcess, bring_up
 from pdserve.errors import EngineStartFailed
 from pdserve.ray.names import GATEWAY_DEPLOYMENT
 from pdserve.role import Role
 from pdserve.routing.health import probe
 from pdserve.up import resolve_layout, resolve_model
-from pdserve.verify.checks import is_transport_line, transports_from_log
 
 log = logging.getLogger(__name__)
 ANNOUNCE_TIMEOUT_S = 5.0
@@ -55,10 +56,11 @@ class EngineReplica:
         command = build_engine_command(
             self._spec, model=settings.model, model_path=model_path, layout=layout, kv=settings.kv,
             python=settings.launch.python or sys.executable, host=self._spec.host, cpu_bind=cpu_bind,
+            link=probe_host_link(),
         )
         log_path = Path(settings.launch.log_dir).resolve() / f"{self._spec.name}-{self._spec.instance}.log"
         self._engine = EngineProcess(self._spec, command, log_path=log_path)
-        self._kv_path_log = TransportLog(log_path)
+        self._kv_path_log = KvPathLog(log_path)  # the engine may run on another node than `pdserve verify`
         self._session = aiohttp.ClientSession()
         self._health_timeout_s = settings.gateway.health_timeout_s
         self._unanswered = Unanswered(grace_s=settings.ray.engine_unresponsive_s)
@@ -97,9 +99,8 @@ class EngineReplica:
     async def _announce(self) -> None:
         """Tell the gateway this engine serves; never fails the health check over it."""
         try:
-            backends, transports = self._kv_path_log.read()
             await asyncio.wait_for(self._gateway.register.remote(self._role.value, self._spec.base_url,
-                                                                 backends, transports), timeout=ANNOUNCE_TIMEOUT_S)
+                                                                 self._kv_path_log.read()), timeout=ANNOUNCE_TIMEOUT_S)
         except (TimeoutError, RayError, RayServeException) as exc:
             log.warning("could not register %s with the gateway yet: %r", self._spec.base_url, exc)
 
@@ -133,24 +134,6 @@ class Unanswered:
             self._since_s = now_s
         silent_s = now_s - self._since_s
         return f"{problem}, no healthy answer for {silent_s:.0f} s" if silent_s > self._grace_s else None
-
-
-class TransportLog:
-    """The NIXL backends and UCX transports an engine has logged so far, read as the log grows:
-    the engine may run on another node than ``pdserve verify``, so its replica reports them."""
-
-    def __init__(self, path: Path) -> None:
-        self._path, self._offset = path, 0
-        self._kept: list[str] = []
-
-    def read(self) -> tuple[list[str], list[str]]:
-        with contextlib.suppress(OSError), self._path.open("rb") as log:
-            log.seek(self._offset)
-            chunk = log.read()
-            complete = chunk[: chunk.rfind(b"\n") + 1]
-            self._offset += len(complete)
-            self._kept += [line for line in complete.decode(errors="replace").splitlines() if is_transport_line(line)]
-        return transports_from_log("\n".join(self._kept))
 
 
 def replica_engine_spec(

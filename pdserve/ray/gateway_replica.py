@@ -10,6 +10,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 
 from pdserve.config import RaySpec, parse_settings
+from pdserve.engines.kv_path import KvPath
 from pdserve.gateway.app import build_app
 from pdserve.gateway.thread import GatewayThread
 from pdserve.role import Role
@@ -33,9 +34,9 @@ class GatewayReplica:
                                      port=settings.gateway.port)
         self._server.start(timeout_s=GATEWAY_START_S)
 
-    def register(self, role: str, url: str, kv_backends: list[str], kv_transports: list[str]) -> None:
+    def register(self, role: str, url: str, kv_path: KvPath) -> None:
         """Called by engine replicas once ready and on each of their health checks."""
-        self._registry.register(Role(role), url, kv_path=(tuple(kv_backends), tuple(kv_transports)))
+        self._registry.register(Role(role), url, kv_path=kv_path)
 
     def unregister(self, role: str, url: str) -> None:
         """Called by an engine replica that Serve is stopping."""

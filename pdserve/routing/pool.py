@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from pdserve.engines.kv_path import KvPath
 from pdserve.role import Role
 
 
@@ -21,9 +22,8 @@ class Endpoint:
     is_healthy: bool = True
     in_flight: int = 0
     failed_probes: int = 0  # in a row
-    # What the engine reported of its KV path (Ray replicas do, from their log): for `pdserve verify`.
-    kv_backends: tuple[str, ...] = ()
-    kv_transports: tuple[str, ...] = ()
+    # The KV path the engine logged (backends, transports, provider, buffer): /health, /metrics, verify.
+    kv_path: KvPath = field(default_factory=KvPath)
 
 
 class Pool:

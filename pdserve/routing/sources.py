@@ -10,17 +10,19 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Protocol
 
+from pdserve.engines.kv_path import KvPath, KvPathLog
 from pdserve.role import Role
 from pdserve.routing.pool import Pool
 
 log = logging.getLogger(__name__)
 
 
-# (NIXL backends instantiated, UCX transports chosen for KV reads), as an engine logged them.
-KVPath = tuple[tuple[str, ...], tuple[str, ...]]
+KV_PATH_READ_INTERVAL_S = 2.0
+UNREPORTED = KvPath()  # an engine that has logged nothing of its KV path yet
 
 
 class EndpointSource(Protocol):
@@ -29,14 +31,26 @@ class EndpointSource(Protocol):
 
 
 class FixedEndpoints:
-    """Engines at known addresses: launched by ``pdserve up`` on this host, or given as urls."""
+    """Engines at known addresses: launched by ``pdserve up`` on this host, or given as urls.
 
-    def __init__(self, *, prefill_urls: Sequence[str], decode_urls: Sequence[str]) -> None:
+    Engines launched here report their KV path through their logs (``kv_logs``: url -> log file),
+    as Ray replicas do through registration.
+    """
+
+    def __init__(self, *, prefill_urls: Sequence[str], decode_urls: Sequence[str],
+                 kv_logs: Mapping[str, Path] | None = None) -> None:
         self._urls = {Role.PREFILL: list(prefill_urls), Role.DECODE: list(decode_urls)}
+        self._kv_logs = {url: KvPathLog(path) for url, path in (kv_logs or {}).items()}
 
     async def follow(self, pool: Pool) -> None:
         for role, urls in self._urls.items():
             pool.set_urls(role, urls)
+        while self._kv_logs:
+            for role in Role:
+                for endpoint in pool.all(role):
+                    if reader := self._kv_logs.get(endpoint.url):
+                        endpoint.kv_path = reader.read()
+            await asyncio.sleep(KV_PATH_READ_INTERVAL_S)
 
 
 class RegisteredEndpoints:
@@ -51,10 +65,10 @@ class RegisteredEndpoints:
         self._ttl_s, self._sync_interval_s = ttl_s, sync_interval_s
         self._lock = threading.Lock()
         self._last_seen_s: dict[tuple[Role, str], float] = {}
-        self._kv_paths: dict[str, KVPath] = {}
+        self._kv_paths: dict[str, KvPath] = {}
 
-    def register(self, role: Role, url: str, *, kv_path: KVPath = ((), ())) -> None:
-        """``kv_path``: the NIXL backends and UCX transports the engine has logged so far."""
+    def register(self, role: Role, url: str, *, kv_path: KvPath = UNREPORTED) -> None:
+        """``kv_path``: what the engine has logged of its KV path so far."""
         with self._lock:
             if (role, url) not in self._last_seen_s:
                 log.info("%s engine %s registered", role.value, url)
@@ -85,5 +99,5 @@ class RegisteredEndpoints:
                     log.info("%s engines now: %s", role.value, ", ".join(urls) or "none")
                 with self._lock:
                     for endpoint in pool.all(role):
-                        endpoint.kv_backends, endpoint.kv_transports = self._kv_paths.get(endpoint.url, ((), ()))
+                        endpoint.kv_path = self._kv_paths.get(endpoint.url, UNREPORTED)
             await asyncio.sleep(self._sync_interval_s)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from enum import StrEnum
 
 from pdserve.config import PoolSpec
+from pdserve.engines.kv_path import KvPath
 from pdserve.verify.probe import HandoffProbe
 
 
@@ -83,28 +83,15 @@ def judge(probe: HandoffProbe, *, link: Link, expected_gbps: float, min_fraction
                    handoff_gbps=handoff_gbps, problems=tuple(problems))
 
 
-_BACKEND = re.compile(r"Backend (\w+) was instantiated")
-# UCX_PROTO_INFO=y prints a table per protocol: a title row, then "| range | description | transports |".
-_UCX_TITLE = re.compile(r"\| (.+ by ucp_\w+.*?)\s*\|\s*$")
-_UCX_ROW = re.compile(r"\|\s*\S*\.\.\S*\s*\|\s*([^|]+?)\s*\|\s*([^|]+?)\s*\|")
+EFA_ADVICE = ("EFA was asked for (placement.efa_devices or kv.libfabric_provider: efa): set kv.backends: [LIBFABRIC], "
+              "run the engines where `fi_info -p efa` lists a device (the vpc.amazonaws.com/efa resource on EKS), "
+              "and leave FI_PROVIDER out of the pools' env")
 
 
-def is_transport_line(line: str) -> bool:
-    """Whether ``transports_from_log`` needs this log line (so a reader can keep only those)."""
-    return bool(_BACKEND.search(line) or _UCX_TITLE.search(line) or _UCX_ROW.search(line))
-
-
-def transports_from_log(log_text: str) -> tuple[list[str], list[str]]:
-    """(NIXL backends instantiated, UCX transports chosen for KV reads) as an engine logged them.
-
-    vLLM's decode engine pulls the KV cache, so the reads (``ucp_get``) are what matters.
-    """
-    backends = sorted(set(_BACKEND.findall(log_text)))
-    reads: set[str] = set()
-    is_read_table = False
-    for line in log_text.splitlines():
-        if title := _UCX_TITLE.search(line):
-            is_read_table = "read by ucp_get" in title.group(1)
-        elif is_read_table and (row := _UCX_ROW.search(line)):
-            reads.add(f"{row.group(2)} ({row.group(1)})")
-    return backends, sorted(reads)
+def kv_path_problems(path: KvPath, *, role: str, url: str, is_efa_asked: bool) -> list[str]:
+    """What is wrong with the KV path one engine logged: not EFA where EFA was asked for."""
+    if is_efa_asked and path.provider != "efa":
+        got = f"LIBFABRIC over {path.provider or 'an unknown provider'}" if "LIBFABRIC" in path.backends \
+            else "+".join(path.backends)
+        return [f"{role} engine {url} moves KV over {got}, not EFA. {EFA_ADVICE}"]
+    return []

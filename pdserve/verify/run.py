@@ -1,7 +1,8 @@
 """``pdserve verify``: probe every prefill/decode pair of a running deployment and judge it.
 
-Per pair: the NIXL backends and UCX transports each engine logged, the KV bandwidth of a probe
-of known size against what the link can do, and PD output == local output (greedy).
+Per pair: the KV path each engine logged (NIXL backend, UCX transports, libfabric provider, where its
+KV buffer lives and why), the KV bandwidth of a probe of known size against what the link can do, and
+PD output == local output (greedy). A deployment that asked for EFA fails on any other path.
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from pdserve.access import load_access_keys
 from pdserve.config import Settings
+from pdserve.engines.kv_link import is_efa_asked
+from pdserve.engines.kv_path import KvPath, kv_path_from_log
 from pdserve.pd.engine_http import EngineClient
 from pdserve.role import Role
 from pdserve.verify import microbench
-from pdserve.verify.checks import NOMINAL_GBPS, Verdict, classify_link, judge, transports_from_log
+from pdserve.verify.checks import NOMINAL_GBPS, Verdict, classify_link, judge, kv_path_problems
 from pdserve.verify.probe import HandoffProbe, pd_and_local_token_ids, probe_handoff
 from pdserve.verify.transfers import Path as TransferPath
 from pdserve.verify.transfers import PathKind
@@ -34,20 +38,26 @@ class PairReport:
     decode: str
     backends: list[str]
     transports: list[str]
+    providers: list[str]  # libfabric providers of the LIBFABRIC backend, if any
+    kv_paths: dict[str, KvPath]  # by role, as each engine logged it
     kv_bytes: float
     prefill_ms: float
     decode_ms: float
     verdict: Verdict
     is_pd_equal_local: bool | None  # None: no gateway to ask
+    path_problems: tuple[str, ...] = ()
+
+    @property
+    def is_ok(self) -> bool:
+        return self.verdict.is_ok and not self.path_problems and self.is_pd_equal_local is not False
 
 
 @dataclass(frozen=True, slots=True)
 class Engine:
-    """One engine to probe, and the KV path it logged (NIXL backends, UCX transports)."""
+    """One engine to probe, and the KV path it logged."""
 
     url: str
-    backends: tuple[str, ...] = ()
-    transports: tuple[str, ...] = ()
+    kv_path: KvPath
 
 
 async def verify(
@@ -64,7 +74,8 @@ async def verify(
     tokens = prompt_tokens or max(settings.model.max_model_len - 64, 16)
     client = EngineClient(connect_timeout_s=settings.gateway.connect_timeout_s)
     try:
-        async with aiohttp.ClientSession() as session:
+        # The admin key lets /health list the engines and completions through; engines ignore it.
+        async with aiohttp.ClientSession(headers=load_access_keys(settings.gateway).headers()) as session:
             engines = await _engines(session, settings, gateway_url)
             pairs = [(prefill, decode) for prefill in engines[Role.PREFILL] for decode in engines[Role.DECODE]]
             is_equal = await _pd_equals_local(session, gateway_url, settings, timeout_s) if gateway_url else None
@@ -74,15 +85,21 @@ async def verify(
     finally:
         client.close()
     reports = []
+    efa = is_efa_asked(settings.kv, (settings.prefill, settings.decode))
     for (prefill, decode), probe in zip(pairs, fastest, strict=True):
         link = classify_link(settings.prefill, settings.decode, prefill_host=urlsplit(prefill.url).hostname or "",
                              decode_host=urlsplit(decode.url).hostname or "")
         expected = expected_gbps or NOMINAL_GBPS.get(link, 0.0)
         if not expected:  # host memory: measure this machine rather than assume
             expected = await asyncio.to_thread(_host_memcpy_gbps)
+        paths = {Role.PREFILL.value: prefill.kv_path, Role.DECODE.value: decode.kv_path}
         reports.append(PairReport(
-            prefill=prefill.url, decode=decode.url, backends=sorted({*prefill.backends, *decode.backends}),
-            transports=sorted({*prefill.transports, *decode.transports}),
+            prefill=prefill.url, decode=decode.url,
+            backends=sorted({backend for path in paths.values() for backend in path.backends}),
+            transports=sorted({transport for path in paths.values() for transport in path.transports}),
+            providers=sorted({path.provider for path in paths.values() if path.provider}), kv_paths=paths,
+            path_problems=tuple(problem for (role, path), engine in zip(paths.items(), (prefill, decode), strict=True)
+                                for problem in kv_path_problems(path, role=role, url=engine.url, is_efa_asked=efa)),
             kv_bytes=probe.engine.bytes, prefill_ms=probe.prefill_s * 1000, decode_ms=probe.decode_s * 1000,
             verdict=judge(probe, link=link, expected_gbps=expected, min_fraction=min_fraction),
             is_pd_equal_local=is_equal,
@@ -91,8 +108,8 @@ async def verify(
 
 
 async def _engines(session: aiohttp.ClientSession, settings: Settings, gateway_url: str | None) -> dict[Role, list[Engine]]:
-    """The gateway's engines with what they reported of their KV path, else the configured ones;
-    an engine that reported nothing is looked up in this host's engine logs."""
+    """The gateway's engines with the KV path each reported, else the configured ones; an engine
+    that reported nothing is looked up in this host's engine logs."""
     local_logs = {spec.base_url: Path(settings.launch.log_dir) / f"{spec.name}.log" for spec in settings.engine_specs()}
     listed: dict[str, list[dict[str, Any]]] = {
         role.value: [{"url": url} for url in settings.endpoint_urls(role)] for role in Role}
@@ -103,10 +120,10 @@ async def _engines(session: aiohttp.ClientSession, settings: Settings, gateway_u
     for role in Role:
         engines[role] = []
         for entry in listed.get(role.value, []):
-            backends, transports = entry.get("kv_backends") or (), entry.get("kv_transports") or ()
-            if not backends and entry["url"] in local_logs:
-                backends, transports = transports_from_log(_log_text(local_logs[entry["url"]]))
-            engines[role].append(Engine(entry["url"], tuple(backends), tuple(transports)))
+            path = _kv_path(entry.get("kv_path") or {})
+            if not path.backends and entry["url"] in local_logs:
+                path = kv_path_from_log(_log_text(local_logs[entry["url"]]))
+            engines[role].append(Engine(entry["url"], path))
     return engines
 
 
@@ -134,6 +151,13 @@ def _host_memcpy_gbps() -> float:
     return result.gbps
 
 
+def _kv_path(reported: dict[str, Any]) -> KvPath:
+    """A KvPath from the gateway's /health JSON (lists for tuples)."""
+    return KvPath(backends=tuple(reported.get("backends", ())), transports=tuple(reported.get("transports", ())),
+                  provider=reported.get("provider", ""), buffer_device=reported.get("buffer_device", ""),
+                  buffer_reason=reported.get("buffer_reason", ""))
+
+
 def _log_text(path: Path) -> str:
     try:
         return path.read_text(errors="replace")
@@ -142,29 +166,34 @@ def _log_text(path: Path) -> str:
 
 
 def is_healthy(reports: list[PairReport]) -> bool:
-    return bool(reports) and all(r.verdict.is_ok and r.is_pd_equal_local is not False for r in reports)
+    return bool(reports) and all(r.is_ok for r in reports)
 
 
 def format_reports(reports: list[PairReport]) -> str:
     """kubectl-style table, then one line per problem with what to change."""
-    header = ("PREFILL", "DECODE", "LINK", "BACKENDS", "TRANSPORTS", "KV_MB", "ENGINE_GB/s", "HANDOFF_GB/s",
-              "EXPECTED_GB/s", "PD==LOCAL", "STATUS")
+    header = ("PREFILL", "DECODE", "LINK", "BACKENDS", "PROVIDER", "KV_BUFFER", "TRANSPORTS", "KV_MB",
+              "ENGINE_GB/s", "HANDOFF_GB/s", "EXPECTED_GB/s", "PD==LOCAL", "STATUS")
     rows = [header] + [
-        (r.prefill, r.decode, r.verdict.link.value, ",".join(r.backends) or "?", ",".join(r.transports) or "?",
+        (r.prefill, r.decode, r.verdict.link.value, ",".join(r.backends) or "?", ",".join(r.providers) or "-",
+         "/".join(path.buffer_device or "?" for path in r.kv_paths.values()), ",".join(r.transports) or "-",
          f"{r.kv_bytes / 1e6:.1f}", f"{r.verdict.measured_gbps:.2f}", f"{r.verdict.handoff_gbps:.2f}",
          f"{r.verdict.expected_gbps:.1f}", {None: "-", True: "yes", False: "NO"}[r.is_pd_equal_local],
-         "OK" if r.verdict.is_ok and r.is_pd_equal_local is not False else "FAIL")
+         "OK" if r.is_ok else "FAIL")
         for r in reports
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["   ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    buffers = {(role, url, path.buffer_device, path.buffer_reason) for r in reports
+               for (role, path), url in zip(r.kv_paths.items(), (r.prefill, r.decode), strict=True)}
+    lines += [f"{role} {url}: KV buffer {device or '?'}: {reason or 'not logged'}"
+              for role, url, device, reason in sorted(buffers)]
     for r in reports:
-        lines += [f"{r.prefill} -> {r.decode}: {problem}" for problem in r.verdict.problems]
+        lines += [f"{r.prefill} -> {r.decode}: {problem}" for problem in (*r.verdict.problems, *r.path_problems)]
         if r.is_pd_equal_local is False:
             lines.append(f"{r.prefill} -> {r.decode}: greedy PD output differs from local output")
     return "\n".join(lines)
 
 
 def reports_json(reports: list[PairReport]) -> str:
-    return json.dumps([asdict(r) | {"ok": r.verdict.is_ok} for r in reports], indent=2, default=str)
+    return json.dumps([asdict(r) | {"ok": r.is_ok} for r in reports], indent=2, default=str)
 

@@ -1,21 +1,31 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from pdserve.config import parse_settings
-from pdserve.engines.command import build_engine_command, split_cpus
+from pdserve.engines.command import EngineCommand, build_engine_command, split_cpus
+from pdserve.engines.kv_link import HostLink
 from pdserve.engines.model_layout import Layout, ModelLayout
+
+NO_RDMA = HostLink()
+
+
+def engine_commands(tree: dict[str, object], *, link: HostLink = NO_RDMA) -> list[EngineCommand]:
+    settings = parse_settings(tree, source="t")
+    return [build_engine_command(spec, model=settings.model, model_path="/m", kv=settings.kv,
+                                 layout=ModelLayout("/m", Layout.ATTENTION, "test"),
+                                 python="py", host="127.0.0.1", cpu_bind="0", link=link)
+            for spec in settings.engine_specs()]
 
 
 def commands(tree: dict[str, object]) -> list[tuple[list[str], dict[str, str]]]:
-    settings = parse_settings(tree, source="t")
-    result = []
-    for spec in settings.engine_specs():
-        command = build_engine_command(spec, model=settings.model, model_path="/m", kv=settings.kv,
-                                       layout=ModelLayout("/m", Layout.ATTENTION, "test"),
-                                       python="py", host="127.0.0.1", cpu_bind="0")
-        result.append((command.argv, command.env))
-    return result
+    return [(command.argv, command.env) for command in engine_commands(tree)]
+
+
+def kv_config(command: EngineCommand) -> dict[str, Any]:
+    config: dict[str, Any] = json.loads(command.argv[command.argv.index("--kv-transfer-config") + 1])
+    return config
 
 
 def test_cpu_engines_get_nixl_roles_ids_side_channels_and_cpu_buffer() -> None:
@@ -58,3 +68,31 @@ def test_split_cpus_gives_each_engine_its_own_cores() -> None:
     assert split_cpus([0, 1], 2) == ["0", "1"]
     assert split_cpus([0, 1, 2, 3, 4], 2) == ["0,1", "2,3"]
     assert split_cpus([3], 2) == ["3", "3"]
+
+
+def test_cpu_engines_over_libfabric_pin_the_tcp_provider_and_log_why() -> None:
+    for command in engine_commands({"kv": {"backends": ["LIBFABRIC"]}}):
+        assert command.env["FI_PROVIDER"] == "tcp" and "FI_EFA_FORK_SAFE" not in command.env
+        assert kv_config(command)["kv_connector_extra_config"] == {"backends": ["LIBFABRIC"]}
+        assert kv_config(command)["kv_buffer_device"] == "cpu"
+        assert command.notes == ("kv buffer cpu: CPU engine", "libfabric provider tcp: no EFA device on this host")
+    (ucx, _decode) = engine_commands({})
+    assert "FI_PROVIDER" not in ucx.env and ucx.notes == ("kv buffer cpu: CPU engine",)
+
+
+def test_gpu_engines_on_efa_without_gpudirect_stage_kv_through_host_memory() -> None:
+    l4 = {"device": "cuda", "gpu_ids": [0], "placement": {"efa_devices": 1}}
+    tree = {"prefill": l4, "decode": l4, "kv": {"backends": ["LIBFABRIC"]}}
+    for command in engine_commands(tree, link=HostLink(efa_devices=("rdmap0",))):
+        assert kv_config(command)["kv_buffer_device"] == "cpu"
+        assert command.env["FI_PROVIDER"] == "efa" and command.env["FI_EFA_USE_DEVICE_RDMA"] == "0"
+        assert command.notes[0] == "kv buffer cpu: EFA without GPUDirect RDMA (nvidia_peermem not loaded)"
+    for command in engine_commands(tree, link=HostLink(efa_devices=("rdmap0",), has_peermem=True)):
+        assert kv_config(command)["kv_buffer_device"] == "cuda" and command.env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+
+
+def test_a_provider_pinned_in_the_pool_env_is_the_one_logged() -> None:
+    tree = {"kv": {"backends": ["LIBFABRIC"]}, "decode": {"env": {"FI_PROVIDER": "shm"}}}
+    prefill, decode = engine_commands(tree)
+    assert prefill.notes[1] == "libfabric provider tcp: no EFA device on this host"
+    assert decode.env["FI_PROVIDER"] == "shm" and decode.notes[1] == "libfabric provider shm: set in the pool env"

@@ -1,13 +1,11 @@
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
 from pdserve.config import RaySpec, parse_settings
 from pdserve.deploy.serve import serve_config
 from pdserve.ray.app import engine_options
 from pdserve.ray.engine_replica import (
-    TransportLog,
     Unanswered,
     port_if_free,
     replica_cpu_bind,
@@ -17,14 +15,6 @@ from pdserve.ray.engine_replica import (
 from pdserve.ray.gateway_replica import registration_ttl_s
 from pdserve.role import Role
 from tests.conftest import free_port
-
-UCX_TABLE = """\
-Backend UCX was instantiated
-[17.7] [vm:1:0]   | remote memory read by ucp_get*(multi) into host memory from host |
-[17.7] [vm:1:0]   +--------+-------------+-------------------------------------------+
-[17.7] [vm:1:0]   | Range  | Description |                  Config                   |
-[17.7] [vm:1:0]   | 0..inf | zero-copy   | cma/memory                                |
-"""
 
 
 def test_engine_replicas_ask_for_the_pool_count_cpus_gpus_and_custom_resources() -> None:
@@ -50,18 +40,6 @@ def test_cpu_engines_bind_the_configured_cores_by_rank_on_their_node_else_all() 
     assert replica_cpu_bind(["0", "1"], local_rank=1, cpus=[0, 1, 2]) == "1"
     assert replica_cpu_bind(["0", "1"], local_rank=2, cpus=[0, 1, 2]) == "0"
     assert replica_cpu_bind([], local_rank=0, cpus=[0, 1, 2]) == "0,1,2"
-
-
-def test_transport_log_reads_only_new_complete_lines(tmp_path: Path) -> None:
-    path = tmp_path / "engine.log"
-    reader = TransportLog(path)
-    assert reader.read() == ([], [])  # no log yet
-    path.write_text("starting\n" + UCX_TABLE[:10])  # a line still being written
-    assert reader.read() == ([], [])
-    with path.open("a") as log:
-        log.write(UCX_TABLE[10:] + "GET /health 200\n" * 3)
-    assert reader.read() == (["UCX"], ["cma/memory (zero-copy)"])
-    assert reader.read() == (["UCX"], ["cma/memory (zero-copy)"])  # kept, not re-read
 
 
 def test_a_running_engine_that_misses_probes_is_unhealthy_only_after_the_grace() -> None:

@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 
+from pdserve.engines.kv_path import KvPath
 from pdserve.role import Role
 from pdserve.routing.pool import Pool
 from pdserve.routing.sources import FixedEndpoints, RegisteredEndpoints
@@ -47,14 +49,26 @@ async def test_following_registrations_updates_the_pool_and_what_engines_report(
     registry, pool = RegisteredEndpoints(ttl_s=60.0, sync_interval_s=0.01), Pool()
     follower = asyncio.create_task(registry.follow(pool))
     try:
-        registry.register(Role.PREFILL, "http://p:1", kv_path=(("UCX",), ("cma/memory (intra-node)",)))
+        registry.register(Role.PREFILL, "http://p:1", kv_path=KvPath(("UCX",), ("cma/memory (intra-node)",)))
         registry.register(Role.DECODE, "http://d:1")
         await asyncio.sleep(0.05)
         [prefill] = pool.all(Role.PREFILL)
-        assert prefill.url == "http://p:1" and prefill.kv_backends == ("UCX",)
-        assert prefill.kv_transports == ("cma/memory (intra-node)",)
+        assert prefill.url == "http://p:1" and prefill.kv_path.backends == ("UCX",)
+        assert prefill.kv_path.transports == ("cma/memory (intra-node)",)
         registry.unregister(Role.DECODE, "http://d:1")
         await asyncio.sleep(0.05)
         assert pool.all(Role.DECODE) == []
     finally:
         follower.cancel()
+
+
+async def test_engines_launched_here_report_their_kv_path_from_their_logs(tmp_path: Path) -> None:
+    log = tmp_path / "decode-0.log"
+    log.write_text("=== pdserve: kv buffer cpu: CPU engine\nNIXL INFO Backend UCX was instantiated\n")
+    pool = Pool()
+    source = FixedEndpoints(prefill_urls=[], decode_urls=["http://d:1"], kv_logs={"http://d:1": log})
+    following = asyncio.create_task(source.follow(pool))
+    await asyncio.sleep(0.05)
+    following.cancel()
+    (decode,) = pool.all(Role.DECODE)
+    assert decode.kv_path == KvPath(backends=("UCX",), buffer_device="cpu", buffer_reason="CPU engine")

@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 from pdserve.config import parse_settings
+from pdserve.engines.kv_path import KvPath
 from pdserve.gateway.kv_monitor import check_window
 from pdserve.pd.transfer_stats import TransferCounters, parse_counters
-from pdserve.verify.checks import Link, classify_link, judge, transports_from_log
+from pdserve.verify.checks import Link, classify_link, judge, kv_path_problems
 from pdserve.verify.probe import HandoffProbe
 
 METRICS = """# TYPE vllm:nixl_bytes_transferred histogram
@@ -62,18 +63,17 @@ def test_links_follow_where_engines_run() -> None:
     assert link({}, {}, hosts=("10.0.0.2", "10.0.0.2")) is Link.HOST_MEMORY
 
 
-def test_backends_and_read_transports_come_from_engine_logs() -> None:
-    log = """2026 NIXL INFO _api.py:405 Backend UCX was instantiated
-[17.7] [vm:1:0]   | remote memory write by ucp_put* from host memory to host |
-[17.7] [vm:1:0]   | 0..inf | zero-copy   | tcp/lo                                |
-[17.7] [vm:1:0]   | remote memory read by ucp_get*(multi) into host memory from host |
-[17.7] [vm:1:0]   +--------+-------------+-------------------------------------------+
-[17.7] [vm:1:0]   | Range  | Description |                  Config                   |
-[17.7] [vm:1:0]   | 0..inf | zero-copy   | cma/memory                                |
-[17.7] [vm:1:0]   | active message by ucp_am_send* from host memory |
-[17.7] [vm:1:0]   | 0..8k  | short       | tcp/lo                                |
-"""
-    assert transports_from_log(log) == (["UCX"], ["cma/memory (zero-copy)"])
+def test_an_engine_not_on_efa_fails_a_deployment_that_asked_for_efa() -> None:
+    def problems(path: KvPath, *, is_efa_asked: bool = True) -> list[str]:
+        return kv_path_problems(path, role="decode", url="http://d:1", is_efa_asked=is_efa_asked)
+
+    assert problems(KvPath(backends=("LIBFABRIC",), provider="efa")) == []
+    (over_tcp,) = problems(KvPath(backends=("LIBFABRIC",), provider="tcp"))
+    assert "decode engine http://d:1 moves KV over LIBFABRIC over tcp, not EFA" in over_tcp
+    assert "kv.backends: [LIBFABRIC]" in over_tcp and "fi_info -p efa" in over_tcp
+    (over_ucx,) = problems(KvPath(backends=("UCX",), transports=("tcp/eth0 (zero-copy)",)))
+    assert "over UCX, not EFA" in over_ucx
+    assert problems(KvPath(backends=("LIBFABRIC",), provider="tcp"), is_efa_asked=False) == []
 
 
 def test_gateway_warns_on_slow_or_failed_engine_windows() -> None:

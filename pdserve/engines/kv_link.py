@@ -1,0 +1,99 @@
+"""What the KV link of this host can do, and the choices that follow: the libfabric provider, its
+environment, and whether the KV buffer can stay in GPU memory. ``probe_host_link`` reads the host;
+everything else is pure.
+
+A link that cannot read GPU memory (no GPUDirect RDMA: EFA on L4 nodes, a tcp provider, a UCX
+without cuda transports) must stage KV through host memory: vLLM's ``kv_buffer_device: cpu``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+from pdserve.config import KVTransferSpec, PoolSpec
+
+SYS_ROOT = Path("/sys")
+
+
+@dataclass(frozen=True, slots=True)
+class HostLink:
+    """This host's network devices and GPU-memory access, as seen from sysfs and NIXL's files."""
+
+    efa_devices: tuple[str, ...] = ()  # /sys/class/infiniband devices bound to the efa driver
+    has_peermem: bool = False  # nvidia_peermem loaded: RDMA NICs can read GPU memory
+    ucx_has_cuda: bool = True  # NIXL's UCX ships its cuda transports (libuct_cuda)
+
+
+@dataclass(frozen=True, slots=True)
+class BufferChoice:
+    device: str  # vLLM's kv_buffer_device: "cpu" or "cuda"
+    reason: str
+
+
+def probe_host_link(sys_root: Path = SYS_ROOT, ucx_dirs: tuple[Path, ...] | None = None) -> HostLink:
+    """Read this host's EFA devices, nvidia_peermem and NIXL's UCX transports (files only, no CUDA)."""
+    devices = sys_root / "class" / "infiniband"
+    efa = tuple(sorted(device.name for device in (devices.iterdir() if devices.is_dir() else ())
+                       if (device / "device" / "driver").resolve().name == "efa"))
+    dirs = _nixl_ucx_dirs() if ucx_dirs is None else ucx_dirs
+    return HostLink(efa_devices=efa, has_peermem=(sys_root / "module" / "nvidia_peermem").is_dir(),
+                    ucx_has_cuda=not dirs or any(any(d.glob("libuct_cuda*.so*")) for d in dirs))
+
+
+def _nixl_ucx_dirs() -> tuple[Path, ...]:
+    """Where NIXL's wheels keep their bundled UCX transports (empty when NIXL is not installed here)."""
+    spec = importlib.util.find_spec("nixl")
+    if spec is None or not spec.origin:
+        return ()
+    site = Path(spec.origin).parent.parent
+    return tuple(path for path in site.glob("nixl_cu*.libs/ucx") if path.is_dir())
+
+
+def is_efa_asked(kv: KVTransferSpec, pools: tuple[PoolSpec, ...]) -> bool:
+    """Whether the deployment asked for EFA: EFA interfaces in a placement, or the provider by name."""
+    return kv.libfabric_provider == "efa" or any(pool.placement.efa_devices > 0 for pool in pools)
+
+
+def libfabric_provider(kv: KVTransferSpec, pool: PoolSpec, link: HostLink) -> tuple[str, str]:
+    """(provider, why) for NIXL's LIBFABRIC backend: the configured one, else efa where EFA is asked
+    for or present, else tcp (NIXL would otherwise take whichever libfabric lists first)."""
+    if kv.libfabric_provider != "auto":
+        return kv.libfabric_provider, "set by kv.libfabric_provider"
+    if pool.placement.efa_devices > 0:
+        return "efa", f"placement.efa_devices={pool.placement.efa_devices}"
+    if link.efa_devices:
+        return "efa", f"EFA devices on this host: {','.join(link.efa_devices)}"
+    return "tcp", "no EFA device on this host"
+
+
+def libfabric_env(provider: str, *, device: str, buffer: BufferChoice) -> dict[str, str]:
+    """Environment of an engine whose KV moves over NIXL's LIBFABRIC backend."""
+    env = {"FI_PROVIDER": provider}
+    if provider == "efa":
+        # vLLM forks its workers after libfabric may have registered memory; EFA needs fork-safe
+        # registration, and device RDMA only where GPU memory is read in place.
+        env["FI_EFA_FORK_SAFE"] = "1"
+        if device == "cuda":
+            env["FI_EFA_USE_DEVICE_RDMA"] = "1" if buffer.device == "cuda" else "0"
+    return env
+
+
+def choose_buffer_device(kv: KVTransferSpec, pool: PoolSpec, link: HostLink) -> BufferChoice:
+    """Where an engine of ``pool`` keeps the KV it hands off: in GPU memory only where the link reads it."""
+    if pool.device == "cpu":
+        return BufferChoice(kv.buffer_device if kv.buffer_device != "auto" else "cpu", "CPU engine")
+    if kv.buffer_device != "auto":
+        return BufferChoice(kv.buffer_device, "set by kv.buffer_device")
+    if "LIBFABRIC" in kv.backends:
+        provider, _why = libfabric_provider(kv, pool, link)
+        if provider != "efa":
+            return BufferChoice("cpu", f"libfabric's {provider} provider cannot read GPU memory")
+        if not link.has_peermem:
+            return BufferChoice("cpu", "EFA without GPUDirect RDMA (nvidia_peermem not loaded)")
+        return BufferChoice("cuda", "EFA with GPUDirect RDMA (nvidia_peermem loaded)")
+    if not link.ucx_has_cuda:
+        return BufferChoice("cpu", "NIXL's UCX has no cuda transports")
+    return BufferChoice("cuda", "NIXL's UCX has cuda transports (cuda_ipc on one host)")
+

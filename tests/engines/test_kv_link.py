@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pdserve.config import KVTransferSpec, PoolSpec
+from pdserve.engines.kv_link import (
+    BufferChoice,
+    HostLink,
+    choose_buffer_device,
+    is_efa_asked,
+    libfabric_env,
+    libfabric_provider,
+    probe_host_link,
+)
+
+GPU = PoolSpec(device="cuda", gpu_ids=[0])
+EFA_GPU = PoolSpec.model_validate({"device": "cuda", "gpu_ids": [0], "placement": {"efa_devices": 1}})
+LIBFABRIC = KVTransferSpec(backends=["LIBFABRIC"])
+
+
+def fake_sys(root: Path, *, devices: dict[str, str], modules: tuple[str, ...] = ()) -> Path:
+    """A /sys with RDMA devices (name -> driver) and loaded kernel modules."""
+    for name, driver in devices.items():
+        (root / "bus" / driver).mkdir(parents=True, exist_ok=True)
+        (root / "class" / "infiniband" / name / "device").mkdir(parents=True)
+        (root / "class" / "infiniband" / name / "device" / "driver").symlink_to(root / "bus" / driver)
+    for module in modules:
+        (root / "module" / module).mkdir(parents=True)
+    return root
+
+
+def test_probe_finds_efa_devices_peermem_and_ucx_cuda_transports(tmp_path: Path) -> None:
+    root = fake_sys(tmp_path / "sys", devices={"rdmap16s27": "efa", "mlx5_0": "mlx5_core"},
+                    modules=("nvidia_peermem",))
+    ucx = tmp_path / "ucx"
+    ucx.mkdir()
+    assert probe_host_link(root, ucx_dirs=(ucx,)) == HostLink(("rdmap16s27",), has_peermem=True, ucx_has_cuda=False)
+    (ucx / "libuct_cuda.so.0").touch()
+    bare = probe_host_link(fake_sys(tmp_path / "bare", devices={}), ucx_dirs=(ucx,))
+    assert bare == HostLink((), has_peermem=False, ucx_has_cuda=True)
+
+
+@pytest.mark.parametrize(
+    ("kv", "pool", "link", "expected"),
+    [
+        (KVTransferSpec(), PoolSpec(), HostLink(), BufferChoice("cpu", "CPU engine")),
+        (KVTransferSpec(), GPU, HostLink(), BufferChoice("cuda", "NIXL's UCX has cuda transports (cuda_ipc on one host)")),
+        (KVTransferSpec(), GPU, HostLink(ucx_has_cuda=False), BufferChoice("cpu", "NIXL's UCX has no cuda transports")),
+        # an L4 node: EFA, but no GPUDirect RDMA
+        (LIBFABRIC, EFA_GPU, HostLink(("rdmap0",)), BufferChoice("cpu", "EFA without GPUDirect RDMA (nvidia_peermem not loaded)")),
+        (LIBFABRIC, EFA_GPU, HostLink(("rdmap0",), has_peermem=True),
+         BufferChoice("cuda", "EFA with GPUDirect RDMA (nvidia_peermem loaded)")),
+        (LIBFABRIC, GPU, HostLink(has_peermem=True), BufferChoice("cpu", "libfabric's tcp provider cannot read GPU memory")),
+        (KVTransferSpec(backends=["LIBFABRIC"], buffer_device="cuda"), GPU, HostLink(),
+         BufferChoice("cuda", "set by kv.buffer_device")),
+    ],
+)
+def test_kv_buffer_stays_in_gpu_memory_only_where_the_link_reads_it(
+    kv: KVTransferSpec, pool: PoolSpec, link: HostLink, expected: BufferChoice
+) -> None:
+    assert choose_buffer_device(kv, pool, link) == expected
+
+
+def test_libfabric_provider_is_efa_where_placed_or_present_else_tcp_unless_named() -> None:
+    assert libfabric_provider(LIBFABRIC, EFA_GPU, HostLink()) == ("efa", "placement.efa_devices=1")
+    assert libfabric_provider(LIBFABRIC, GPU, HostLink(("rdmap0",))) == ("efa", "EFA devices on this host: rdmap0")
+    assert libfabric_provider(LIBFABRIC, PoolSpec(), HostLink()) == ("tcp", "no EFA device on this host")
+    named = KVTransferSpec(backends=["LIBFABRIC"], libfabric_provider="shm")
+    assert libfabric_provider(named, EFA_GPU, HostLink(("rdmap0",))) == ("shm", "set by kv.libfabric_provider")
+    assert is_efa_asked(LIBFABRIC, (PoolSpec(), EFA_GPU)) and not is_efa_asked(LIBFABRIC, (PoolSpec(), GPU))
+    assert is_efa_asked(KVTransferSpec(libfabric_provider="efa"), (GPU,))
+
+
+def test_efa_engines_get_fork_safety_and_device_rdma_only_with_a_gpu_buffer() -> None:
+    staged = libfabric_env("efa", device="cuda", buffer=BufferChoice("cpu", "no GPUDirect"))
+    assert staged == {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1", "FI_EFA_USE_DEVICE_RDMA": "0"}
+    assert libfabric_env("efa", device="cuda", buffer=BufferChoice("cuda", "GPUDirect"))["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert libfabric_env("tcp", device="cpu", buffer=BufferChoice("cpu", "CPU engine")) == {"FI_PROVIDER": "tcp"}
