@@ -1,10 +1,12 @@
-"""The exception hierarchy; ``gateway/app.py`` maps each to an HTTP status and OpenAI error.
+"""The exception hierarchy; ``gateway/client_errors.py`` maps each to an HTTP status and OpenAI error.
 
     PdserveError
     ├── ConfigError          bad configuration file, env var or flag (names the field path)
     ├── BadRequest           client input the gateway rejects itself (4xx, OpenAI error fields)
-    ├── UpstreamRejected     an engine answered 4xx before streaming: relayed to the client
+    ├── UpstreamRejected     an engine answered 4xx before streaming: its message relayed to the client
     ├── NoHealthyEndpoint    no engine of a role is up (503)
+    ├── NotReady             the gateway has not yet sent a request through both legs (503)
+    ├── Overloaded           no slot for the request and no room or time left to wait for one (429)
     ├── LegFailed            a prefill or decode leg broke (502/504)
     ├── EngineStartFailed    an engine process exited or never became ready
     ├── DeployError          rendering or applying deployment manifests failed
@@ -12,6 +14,8 @@
 """
 
 from __future__ import annotations
+
+from enum import StrEnum
 
 from pdserve.role import Role
 
@@ -33,17 +37,36 @@ class BadRequest(PdserveError):
 
 
 class UpstreamRejected(PdserveError):
-    """An engine refused the request (4xx); its OpenAI error body goes back to the client as is."""
+    """An engine refused the request (4xx); its message goes back to the client, its address cut out."""
 
-    def __init__(self, role: Role, status: int, body: bytes) -> None:
-        super().__init__(f"{role.value} engine rejected the request with status {status}")
-        self.role, self.status, self.body = role, status, body
+    def __init__(self, role: Role, url: str, status: int, body: bytes) -> None:
+        super().__init__(f"{role.value} engine {url} rejected the request with status {status}")
+        self.role, self.url, self.status, self.body = role, url, status, body
 
 
 class NoHealthyEndpoint(PdserveError):
     def __init__(self, role: Role) -> None:
         super().__init__(f"no healthy {role.value} engine")
         self.role = role
+
+
+class NotReady(PdserveError):
+    def __init__(self) -> None:
+        super().__init__("pdserve is not ready yet: engines are starting or warming up")
+
+
+class OverloadReason(StrEnum):
+    QUEUE_FULL = "queue_full"
+    QUEUE_TIMEOUT = "queue_timeout"
+
+
+class Overloaded(PdserveError):
+    """Refused for load (gateway/admission.py); ``retry_after_s`` is the client's suggested wait."""
+
+    def __init__(self, reason: OverloadReason, *, retry_after_s: int) -> None:
+        what = "too many requests are waiting" if reason is OverloadReason.QUEUE_FULL else "no slot freed in time"
+        super().__init__(f"pdserve is overloaded ({what}); retry after {retry_after_s} s")
+        self.reason, self.retry_after_s = reason, retry_after_s
 
 
 class LegFailed(PdserveError):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from pdserve.access import load_access_keys
 from pdserve.config import Settings
 from pdserve.deploy.cluster_view import APP_HEADER, NODE_HEADER, POD_HEADER, app_rows, format_table, node_rows, pod_rows
 from pdserve.deploy.eks import kubeconfig_argv, kubectl
@@ -64,7 +65,7 @@ def cloud_status(settings: Settings, *, progress: Progress, timeout_s: float = 1
 
 async def _checks_through_gateway(settings: Settings, *, timeout_s: float) -> list[Check]:
     async with port_forward(settings) as gateway_url, aiohttp.ClientSession(
-        timeout=aiohttp.ClientTimeout(total=timeout_s)
+        timeout=aiohttp.ClientTimeout(total=timeout_s), headers=load_access_keys(settings.gateway).headers()
     ) as session:
         checks = [await _health(session, gateway_url), await _pd_matches_local(session, gateway_url, settings,
                                                                                  timeout_s=timeout_s)]

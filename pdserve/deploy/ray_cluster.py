@@ -21,7 +21,7 @@ from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
 from pdserve.config import Settings
 from pdserve.deploy.serve import serve_config
 from pdserve.errors import DeployError, EngineStartFailed
-from pdserve.up import ready_line, warm_up
+from pdserve.up import ready_line, wait_ready
 
 POLL_S = 2.0
 PROGRESS_EVERY_S = 10.0
@@ -46,7 +46,7 @@ async def ray_up(settings: Settings, *, progress: Callable[[str], None]) -> None
     await _until_running(client, ours["name"], deadline_s=deadline_s, progress=progress)
     base_url = gateway_url(settings)
     async with aiohttp.ClientSession() as session:
-        await _warm_up_until(session, base_url, settings.model.served_name, deadline_s=deadline_s, progress=progress)
+        await _ready_until(session, base_url, deadline_s=deadline_s, progress=progress)
     progress(ready_line(base_url, settings.model.served_name, time.monotonic() - started_s))
 
 
@@ -141,15 +141,15 @@ async def _until_running(
         await asyncio.sleep(POLL_S)
 
 
-async def _warm_up_until(
-    session: aiohttp.ClientSession, base_url: str, model: str, *, deadline_s: float, progress: Callable[[str], None]
+async def _ready_until(
+    session: aiohttp.ClientSession, base_url: str, *, deadline_s: float, progress: Callable[[str], None]
 ) -> None:
-    """Engines register with the gateway on their first health check, so the first tries may 503."""
+    """Engines register with the gateway on their first health check, so its first warm-ups may fail."""
     while True:
         try:
-            await warm_up(session, base_url, model, progress)
+            await wait_ready(session, base_url, progress, timeout_s=max(deadline_s - time.monotonic(), 0.0))
             return
         except (EngineStartFailed, aiohttp.ClientError) as exc:
             if time.monotonic() > deadline_s:
-                raise DeployError(f"gateway at {base_url} never answered a request: {exc}") from exc
+                raise DeployError(f"gateway at {base_url} never became ready: {exc}") from exc
         await asyncio.sleep(POLL_S)

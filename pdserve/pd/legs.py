@@ -43,7 +43,7 @@ async def post(
     finally:
         reply.close()
     if 400 <= reply.status < 500:
-        raise UpstreamRejected(role, reply.status, payload)
+        raise UpstreamRejected(role, url, reply.status, payload)
     raise LegFailed(role, url, reply.status, payload[:500].decode(errors="replace"))
 
 

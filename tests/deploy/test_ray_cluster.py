@@ -32,7 +32,7 @@ class FakeServe:
         return Starlette(routes=[
             Route("/api/ray/version", lambda _r: JSONResponse({"ray_version": "2.60.0"})),
             Route("/api/serve/applications/", self.applications, methods=["GET", "PUT", "DELETE"]),
-            Route("/v1/completions", self.completion, methods=["POST"]),
+            Route("/health/ready", self.ready),
         ])
 
     async def applications(self, request: Request) -> Response:
@@ -54,10 +54,10 @@ class FakeServe:
                                                                "replicas": [{"state": "STARTING"}]}}}
         return JSONResponse({"applications": self.apps})
 
-    async def completion(self, _request: Request) -> Response:
-        self.gateway_calls += 1  # no engine registered yet on the first call
-        return JSONResponse({"error": {"message": "no decode engine"}}, status_code=503) if self.gateway_calls == 1 \
-            else JSONResponse({"choices": [{"text": "ok"}]})
+    async def ready(self, _request: Request) -> Response:
+        self.gateway_calls += 1  # no engine registered yet on the first call: the gateway's warm-up failed
+        return JSONResponse({"status": "not_ready", "warm_up": "failed"}, status_code=503) \
+            if self.gateway_calls == 1 else JSONResponse({"status": "ready"})
 
 
 def settings_for(url: str, **extra: Any) -> Any:
@@ -80,7 +80,7 @@ async def test_up_deploys_the_serve_config_keeps_other_apps_and_waits_until_it_a
     assert [app["name"] for app in config["applications"]] == ["other", "pdserve"]
     assert config["applications"][1]["import_path"] == "pdserve.ray:app" and config["proxy_location"] == "HeadOnly"
     assert any("DEPLOYING" in line for line in lines) and lines[-1].startswith("ready in")
-    assert fake.gateway_calls == 2  # the first warm-up got 503 and was retried
+    assert fake.gateway_calls == 2  # the first readiness check said the warm-up failed; it was asked again
 
 
 async def test_a_failed_deployment_is_an_error_with_the_deployments_own_message() -> None:

@@ -1,0 +1,71 @@
+"""What the gateway reads from a client before any engine sees the request: header size, request
+id, mode header and body, each bounded and checked; every refusal is a BadRequest with its status.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from starlette.types import Receive, Scope
+
+from pdserve.errors import BadRequest
+from pdserve.gateway.disconnect import ClientDisconnected
+from pdserve.gateway.orchestrator import Mode
+from pdserve.protocol import PD_MODE_HEADER, REQUEST_ID_HEADER
+
+_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,256}")
+
+
+def header_map(scope: Scope) -> dict[bytes, bytes]:
+    """The request's headers by lower-case name (ASGI servers already lower-case them)."""
+    return dict(scope["headers"])
+
+
+def check_header_size(scope: Scope, *, limit: int) -> None:
+    """Raises BadRequest (431) when the request line and headers exceed ``limit`` bytes."""
+    size = len(scope.get("raw_path") or b"") + len(scope.get("query_string", b""))
+    size += sum(len(name) + len(value) + 4 for name, value in scope["headers"])  # ": " and CRLF
+    if size > limit:
+        raise BadRequest(f"request headers exceed {limit} bytes", status=431, code="request_header_fields_too_large")
+
+
+def request_id(header: bytes | None) -> str:
+    """The client's X-Request-Id, or a fresh one; it goes into engine requests and logs."""
+    if header is None:
+        return uuid.uuid4().hex
+    if not _REQUEST_ID.fullmatch(header):
+        raise BadRequest(f"{REQUEST_ID_HEADER} must be 1-256 visible ASCII characters", param=REQUEST_ID_HEADER,
+                         code="invalid_header")
+    return header.decode("ascii")
+
+
+def parse_mode(header: bytes | None) -> Mode:
+    if header is None:
+        return Mode.PD
+    value = header.decode("latin-1")
+    try:
+        return Mode(value.strip().lower())
+    except ValueError:
+        raise BadRequest(f"{PD_MODE_HEADER} must be 'pd' or 'local'", param=PD_MODE_HEADER,
+                         code="invalid_header") from None
+
+
+async def read_body(receive: Receive, headers: dict[bytes, bytes], *, limit: int) -> bytes:
+    """The request body, refusing (413) more than ``limit`` bytes without buffering them."""
+    too_large = BadRequest(f"request body exceeds {limit} bytes", status=413, code="request_too_large")
+    declared = headers.get(b"content-length", b"")
+    if declared.isdigit() and (len(declared) > len(str(limit)) or int(declared) > limit):
+        raise too_large
+    chunks, size, more_body = [], 0, True
+    while more_body:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+        more_body = message.get("more_body", False)
+    return b"".join(chunks)

@@ -1,0 +1,93 @@
+"""API keys on the OpenAI routes, the admin key on engine listings; keys never reach a log."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from pdserve.access import ADMIN_KEY_ENV, API_KEYS_ENV
+from pdserve.gateway.app import build_app
+from tests.conftest import free_port, serving
+from tests.fake_engine import FakeEngine
+from tests.gateway.test_app import MODEL, gateway_settings, until_ready
+
+CLIENT_KEY, OTHER_CLIENT_KEY, ADMIN_KEY = "sk-client-0123456789abcdef", "sk-client-fedcba9876543210", "sk-admin-0123456789abcdef"
+ALL_KEYS = (CLIENT_KEY, OTHER_CLIENT_KEY, ADMIN_KEY)
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+async def gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> AsyncIterator[str]:
+    """Client keys from a file and the env, the admin key from the env; every log record captured."""
+    (tmp_path / "keys").write_text(f"# clients\n{CLIENT_KEY}\n\n")
+    monkeypatch.setenv(API_KEYS_ENV, OTHER_CLIENT_KEY)
+    monkeypatch.setenv(ADMIN_KEY_ENV, ADMIN_KEY)
+    caplog.set_level(logging.DEBUG)
+    fake = FakeEngine()
+    async with serving(fake.app(), free_port()) as url:
+        settings = gateway_settings(prefill=[url], decode=[url], api_keys_file=str(tmp_path / "keys"))
+        async with serving(build_app(settings), settings.gateway.port) as base:
+            await until_ready(base)
+            yield base
+    logged = caplog.text + "".join(str(record.args) for record in caplog.records)
+    assert not [key for key in ALL_KEYS if key in logged], "a key reached the log"
+
+
+async def request(base: str, method: str, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, object], str | None]:
+    body = {"model": MODEL, "prompt": "hi"} if method == "POST" else None
+    async with aiohttp.ClientSession() as session, session.request(method, base + path, json=body, headers=headers) as reply:
+        return reply.status, json.loads(await reply.read()), reply.headers.get("WWW-Authenticate")
+
+
+@pytest.mark.parametrize(("method", "path"), [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
+                                              ("GET", "/v1/models")])
+@pytest.mark.parametrize("headers", [None, bearer("sk-wrong-0123456789abcdef"), {"Authorization": CLIENT_KEY},
+                                     {"Authorization": f"Basic {CLIENT_KEY}"}, bearer(CLIENT_KEY[:-1])])
+async def test_no_key_or_a_wrong_key_is_an_openai_401(gateway: str, method: str, path: str,
+                                                      headers: dict[str, str] | None) -> None:
+    status, body, challenge = await request(gateway, method, path, headers)
+    error = body["error"]
+    assert status == 401 and challenge == "Bearer"
+    assert isinstance(error, dict) and error["code"] == "invalid_api_key" and error["type"] == "invalid_request_error"
+    assert not [key for key in ALL_KEYS if key[:12] in json.dumps(body)]
+
+
+@pytest.mark.parametrize("key", ALL_KEYS)
+async def test_every_client_key_and_the_admin_key_are_served(gateway: str, key: str) -> None:
+    status, body, _ = await request(gateway, "POST", "/v1/completions", bearer(key))
+    assert status == 200 and body["choices"]
+    status, _, _ = await request(gateway, "GET", "/v1/models", {"Authorization": f"bearer  {key} "})
+    assert status == 200
+
+
+async def test_the_engine_listing_needs_the_admin_key(gateway: str) -> None:
+    for headers in (None, bearer(CLIENT_KEY)):
+        status, body, _ = await request(gateway, "GET", "/health", headers)
+        assert status == 200 and body["healthy_engines"] == {"prefill": 1, "decode": 1} and "engines" not in body
+    status, body, _ = await request(gateway, "GET", "/health", bearer(ADMIN_KEY))
+    engines = body["engines"]
+    assert status == 200 and isinstance(engines, dict) and len(engines["prefill"]) == 1
+
+
+async def test_probes_need_no_key(gateway: str) -> None:
+    assert (await request(gateway, "GET", "/health/live"))[0] == 200
+    assert (await request(gateway, "GET", "/health/ready"))[0] == 200
+
+
+async def test_without_keys_everything_is_open_as_before() -> None:
+    fake = FakeEngine()
+    async with serving(fake.app(), free_port()) as url:
+        settings = gateway_settings(prefill=[url], decode=[url])
+        async with serving(build_app(settings), settings.gateway.port) as base:
+            await until_ready(base)
+            assert (await request(base, "POST", "/v1/completions"))[0] == 200
+            status, body, _ = await request(base, "GET", "/health")
+    assert status == 200 and "engines" in body

@@ -1,0 +1,98 @@
+"""Ready means ready: engines of both roles up and a warm-up through both legs; liveness is not readiness."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+
+from pdserve.errors import EngineStartFailed, NoHealthyEndpoint
+from pdserve.gateway.app import build_app
+from pdserve.gateway.orchestrator import Call, Mode, Reply
+from pdserve.gateway.readiness import Readiness, WarmUp, keep_warm
+from pdserve.role import Role
+from pdserve.routing.pool import Pool
+from pdserve.up import wait_ready
+from tests.conftest import free_port, serving
+from tests.fake_engine import FakeEngine
+from tests.gateway.test_app import MODEL, gateway_settings, until_ready
+
+
+async def get(base: str, path: str) -> tuple[int, dict[str, object], str | None]:
+    async with aiohttp.ClientSession() as session, session.get(base + path) as reply:
+        return reply.status, json.loads(await reply.read()), reply.headers.get("Retry-After")
+
+
+async def test_without_engines_the_gateway_is_live_but_not_ready_and_lists_no_model() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    settings = gateway_settings(prefill=[dead], decode=[dead])
+    async with serving(build_app(settings), settings.gateway.port) as base:
+        await asyncio.sleep(0.3)  # a warm-up attempt and a health probe have run
+        live, ready, models = await get(base, "/health/live"), await get(base, "/health/ready"), await get(base, "/v1/models")
+    assert live[0] == 200
+    assert ready[0] == 503 and ready[1]["status"] == "not_ready" and ready[1]["warm_up"] in ("pending", "failed")
+    assert dead.removeprefix("http://") not in json.dumps(ready[1])
+    error = models[1]["error"]
+    assert models[0] == 503 and isinstance(error, dict) and error["code"] == "not_ready" and models[2] == "1"
+
+
+async def test_ready_after_the_gateways_own_warm_up_went_through_both_legs() -> None:
+    fake = FakeEngine()
+    async with serving(fake.app(), free_port()) as url:
+        settings = gateway_settings(prefill=[url], decode=[url])
+        async with serving(build_app(settings), settings.gateway.port) as base:
+            await until_ready(base)
+            status, body, _ = await get(base, "/health/ready")
+            models_status, _, _ = await get(base, "/v1/models")
+    assert status == 200 and body["warm_up"] == "done" and models_status == 200
+    prefill, decode = fake.bodies[:2]  # the warm-up: a prefill leg, then a decode leg with its KV params
+    assert prefill["kv_transfer_params"]["do_remote_decode"] is True and "remote_block_ids" in decode["kv_transfer_params"]
+
+
+async def test_wait_ready_fails_fast_when_the_warm_up_fails_and_says_why_without_the_engine() -> None:
+    broken = FakeEngine(reject_status=500)
+    async with serving(broken.app(), free_port()) as url:
+        settings = gateway_settings(prefill=[url], decode=[url], leg_attempts=1)
+        async with serving(build_app(settings), settings.gateway.port) as base, aiohttp.ClientSession() as session:
+            with pytest.raises(EngineStartFailed, match="prefill engine failed") as caught:
+                await wait_ready(session, base, lambda _line: None, timeout_s=10)
+    assert url.removeprefix("http://") not in str(caught.value)
+
+
+class FakeOrchestrator:
+    """Fails while ``is_failing``; counts warm-ups."""
+
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+        self.is_failing = False
+
+    async def run(self, call: Call) -> Reply:
+        self.calls.append(call)
+        if self.is_failing:
+            raise NoHealthyEndpoint(Role.DECODE)
+        return Reply(json_body=b"{}")
+
+
+async def test_a_role_losing_every_engine_makes_it_not_ready_until_a_new_warm_up_succeeds() -> None:
+    pool, readiness, orchestrator = Pool(prefill_urls=["http://p"], decode_urls=["http://d"]), Readiness(), FakeOrchestrator()
+    task = asyncio.create_task(keep_warm(orchestrator, pool, readiness, model=MODEL, interval_s=0.01))  # type: ignore[arg-type]
+    try:
+        await asyncio.sleep(0.05)
+        assert readiness.report(pool)[0] and len(orchestrator.calls) == 1  # warm once, not on every tick
+        call = orchestrator.calls[0]
+        assert call.mode is Mode.PD and call.body["model"] == MODEL and call.request_id.startswith("warm-up-")
+        pool.all(Role.DECODE)[0].is_healthy = False
+        orchestrator.is_failing = True
+        await asyncio.sleep(0.05)
+        assert not readiness.report(pool)[0] and readiness.warm_up is WarmUp.PENDING
+        pool.all(Role.DECODE)[0].is_healthy = True
+        await asyncio.sleep(0.05)
+        is_ready, body = readiness.report(pool)
+        assert not is_ready and body["warm_up"] == "failed" and body["warm_up_error"] == "no healthy decode engine"
+        orchestrator.is_failing = False
+        await asyncio.sleep(0.05)
+        assert readiness.report(pool)[0]
+    finally:
+        task.cancel()
