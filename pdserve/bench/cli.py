@@ -130,30 +130,54 @@ def compare(
 
 @bench_app.command()
 def overhead(
-    streams: Annotated[int, typer.Option(help="Concurrent streams.")] = 128,
-    duration: Annotated[float, typer.Option(help="Steady-state seconds per path (direct, gateway).")] = 20.0,
+    streams: Annotated[str, typer.Option(help="Concurrent streams; a sweep: 16,64,128,256.")] = "128",
+    duration: Annotated[float, typer.Option(help="Steady-state seconds per path (direct, gateway) and point.")] = 20.0,
     output_tokens: Annotated[int, typer.Option(help="Tokens per stream.")] = 256,
     tokens_per_s: Annotated[float, typer.Option(help="Token rate of each stream.")] = 100.0,
     ttft_ms: Annotated[float, typer.Option(help="The synthetic engine's prefill time.")] = 20.0,
     rounds: Annotated[int, typer.Option(help="Alternating windows per path (ABBA order).")] = 2,
+    repeats: Annotated[int, typer.Option(help="Runs of each stream count.")] = 1,
+    gateway_workers: Annotated[int | None, typer.Option(help="Gateway processes (default: gateway.workers's).")] = None,
     log_dir: Annotated[Path, typer.Option(help="Logs of the upstream and gateway processes.")] = Path(
         ".pdserve/bench-overhead"),
 ) -> None:
-    """The gateway's own cost: a synthetic engine direct vs through the gateway, in alternating windows.
+    """The gateway's own cost: a synthetic engine direct vs through the gateway, in alternating windows,
+    with each process's CPU (the gateway's per relayed chunk) and, over a sweep, the knee.
 
-    The last line printed is one JSON object: ttft_p50_added_ms, itl_p99_added_ms, throughput_ratio.
+    The last line printed is one JSON object: per point ttft_p50_added_ms, itl_p99_added_ms,
+    throughput_ratio, gateway_cpu_us_per_chunk, cores busy; and knee_streams.
     """
-    from pdserve.bench.overhead import OverheadPlan, measure_overhead
+    from pdserve.bench.overhead import OverheadPlan, knee_streams, measure_sweep, saturated
 
-    plan = OverheadPlan(streams=streams, output_tokens=output_tokens, tokens_per_s=tokens_per_s,
-                        ttft_s=ttft_ms / 1000, duration_s=duration, rounds=rounds)
-    _say(f"{streams} streams x {output_tokens} tokens at {tokens_per_s:g} tok/s, TTFT {ttft_ms:g} ms; "
-         f"{duration:g} s steady per path in {rounds} rounds")
-    result = _run(measure_overhead(plan, log_dir=log_dir, progress=_say))
-    for name, summary in (("direct", result.direct), ("gateway", result.gateway)):
-        _say(_overhead_line(name, summary))
-    _say(result.verdict())
-    print(json.dumps({"streams": streams, **result.figures()}), flush=True)
+    levels = _checked(lambda: _stream_levels(streams))
+    plan = OverheadPlan(output_tokens=output_tokens, tokens_per_s=tokens_per_s, ttft_s=ttft_ms / 1000,
+                        duration_s=duration, rounds=rounds, gateway_workers=gateway_workers)
+    _say(f"{','.join(map(str, levels))} streams x {output_tokens} tokens at {tokens_per_s:g} tok/s, TTFT {ttft_ms:g} ms; "
+         f"{duration:g} s steady per path in {rounds} rounds, {repeats} run(s) per point")
+    results = _run(measure_sweep(levels, plan, repeats=repeats, log_dir=log_dir, progress=_say))
+    _say("")
+    for result in results:
+        _say(f"streams {result.streams}")
+        for name, summary in (("direct", result.direct), ("gateway", result.gateway)):
+            _say("  " + _overhead_line(name, summary))
+        _say("  " + result.verdict())
+        _say("  " + result.cpu_line())
+        if busy := saturated(result):
+            _say(f"  WARNING: {', '.join(busy)} kept a core busy: this point measures them, not the gateway")
+    knee = knee_streams([(result.streams, result.meets_goal) for result in results])
+    _say(f"knee: all three goals held up to {knee} streams" if knee else "knee: goals missed at the lowest level")
+    print(json.dumps({"points": [result.figures() for result in results], "knee_streams": knee}), flush=True)
+
+
+def _stream_levels(text: str) -> list[int]:
+    """``16,64,128`` -> [16, 64, 128]; raises ConfigError."""
+    try:
+        levels = [int(level) for level in text.split(",")]
+    except ValueError as exc:
+        raise ConfigError(f"--streams: expected comma-separated counts, not {text!r}") from exc
+    if not levels or min(levels) < 1:
+        raise ConfigError(f"--streams: counts must be >= 1, not {text!r}")
+    return levels
 
 
 @bench_app.command()

@@ -2,22 +2,28 @@
 
 Three processes: the synthetic engine, pdserve's real gateway in front of it (as both prefill
 and decode engine), and this load generator. The same closed-loop load goes direct and through
-the gateway in alternating windows (ABBA...), so machine noise hits both sides alike.
+the gateway in alternating windows (ABBA...), so machine noise hits both sides alike. Each
+process's CPU is read from its own counters over every window (bench/cpu.py): the gateway's per
+relayed chunk, the other two to show they were not what ran out.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import itertools
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import psutil
 
 from pdserve.bench import runner
+from pdserve.bench.cpu import CpuMeter, CpuUse, cpu_use, per_item_us, summed
 from pdserve.bench.prompts import WordPrompts
 from pdserve.bench.records import RequestRecord
 from pdserve.bench.services import child_service, free_port
@@ -29,6 +35,7 @@ from pdserve.errors import BenchFailed
 GOAL_TTFT_P50_ADDED_MS = 2.0
 GOAL_ITL_P99_ADDED_MS = 5.0
 GOAL_THROUGHPUT_RATIO = 0.97
+PROCESSES = ("gateway", "upstream", "loadgen")
 _PROMPT_TOKENS = 64
 _WARM_UP_S = 2.0
 
@@ -41,6 +48,7 @@ class OverheadPlan:
     ttft_s: float = 0.02  # the upstream's prefill time
     duration_s: float = 20.0  # steady-state seconds per path, split over the rounds
     rounds: int = 2  # windows per path
+    gateway_workers: int | None = None  # None: the gateway's default (the cores available)
 
     @property
     def stream_lifetime_s(self) -> float:
@@ -48,18 +56,36 @@ class OverheadPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class PathCpu:
+    """What each process used while one path carried the load (steady windows only)."""
+
+    uses: dict[str, CpuUse]  # by process: gateway, upstream, loadgen
+    chunks: int  # token events the load generator received: one relayed chunk each
+    requests: int  # sent inside the windows
+
+    def us_per_chunk(self, process: str) -> float | None:
+        return per_item_us(self.uses[process].seconds, self.chunks)
+
+    def us_per_request(self, process: str) -> float | None:
+        return per_item_us(self.uses[process].seconds, self.requests)
+
+
+@dataclass(frozen=True, slots=True)
 class OverheadResult:
+    streams: int
     direct: Summary
     gateway: Summary
+    direct_cpu: PathCpu
+    gateway_cpu: PathCpu
 
     @property
     def ttft_p50_added_ms(self) -> float:
-        assert self.direct.ttft_ms and self.gateway.ttft_ms, "measure_overhead checks both streamed"
+        assert self.direct.ttft_ms and self.gateway.ttft_ms, "measure_sweep checks both streamed"
         return self.gateway.ttft_ms.p50 - self.direct.ttft_ms.p50
 
     @property
     def itl_p99_added_ms(self) -> float:
-        assert self.direct.itl_ms and self.gateway.itl_ms, "measure_overhead checks both streamed"
+        assert self.direct.itl_ms and self.gateway.itl_ms, "measure_sweep checks both streamed"
         return self.gateway.itl_ms.p99 - self.direct.itl_ms.p99
 
     @property
@@ -72,10 +98,16 @@ class OverheadResult:
         return (self.ttft_p50_added_ms <= GOAL_TTFT_P50_ADDED_MS and self.itl_p99_added_ms <= GOAL_ITL_P99_ADDED_MS
                 and self.throughput_ratio >= GOAL_THROUGHPUT_RATIO)
 
-    def figures(self) -> dict[str, float | bool]:
-        return {"ttft_p50_added_ms": round(self.ttft_p50_added_ms, 3),
+    def figures(self) -> dict[str, object]:
+        cpu = self.gateway_cpu
+        return {"streams": self.streams, "ttft_p50_added_ms": round(self.ttft_p50_added_ms, 3),
                 "itl_p99_added_ms": round(self.itl_p99_added_ms, 3),
-                "throughput_ratio": round(self.throughput_ratio, 4), "meets_goal": self.meets_goal}
+                "throughput_ratio": round(self.throughput_ratio, 4), "meets_goal": self.meets_goal,
+                "gateway_cpu_us_per_chunk": _rounded(cpu.us_per_chunk("gateway")),
+                "gateway_cpu_us_per_request": _rounded(cpu.us_per_request("gateway")),
+                "cores": {path: {name: round(use.cores, 3) for name, use in path_cpu.uses.items()}
+                          for path, path_cpu in (("direct", self.direct_cpu), ("gateway", cpu))},
+                "chunks_per_s": round(cpu.chunks / cpu.uses["gateway"].window_s, 1)}
 
     def verdict(self) -> str:
         return (f"gateway adds {self.ttft_p50_added_ms:+.2f} ms TTFT p50, {self.itl_p99_added_ms:+.2f} ms inter-token "
@@ -83,36 +115,97 @@ class OverheadResult:
                 f"{GOAL_TTFT_P50_ADDED_MS:g} ms, <= {GOAL_ITL_P99_ADDED_MS:g} ms, >= {GOAL_THROUGHPUT_RATIO:.0%}: "
                 f"{'met' if self.meets_goal else 'NOT met'})")
 
+    def cpu_line(self) -> str:
+        cpu, direct = self.gateway_cpu, self.direct_cpu
+        per_chunk, per_request = cpu.us_per_chunk("gateway"), cpu.us_per_request("gateway")
+        cores = ", ".join(f"{name} {use.cores:.2f}" for name, use in cpu.uses.items())
+        return (f"gateway CPU {per_chunk or 0:.1f} us per relayed chunk, {per_request or 0:.0f} us per request "
+                f"({cpu.chunks / cpu.uses['gateway'].window_s:.0f} chunks/s); cores busy through the gateway: "
+                f"{cores}; direct: upstream {direct.uses['upstream'].cores:.2f}, "
+                f"loadgen {direct.uses['loadgen'].cores:.2f}")
 
-async def measure_overhead(plan: OverheadPlan, *, log_dir: Path, progress: Callable[[str], None]) -> OverheadResult:
-    """Stand up upstream and gateway, run ``plan`` through both paths, return both summaries."""
-    async with _upstream_and_gateway(plan, log_dir=log_dir) as (direct, gateway), runner.new_session() as session:
+
+def knee_streams(outcomes: Sequence[tuple[int, bool]]) -> int | None:
+    """The highest stream count at which every run, of it and of every lower count, met all
+    three goals; None when the lowest already missed. ``outcomes``: (streams, met) per run. Pure.
+    """
+    met: dict[int, bool] = {}
+    for streams, is_met in outcomes:
+        met[streams] = met.get(streams, True) and is_met
+    knee = None
+    for streams in sorted(met):
+        if not met[streams]:
+            break
+        knee = streams
+    return knee
+
+
+def saturated(result: OverheadResult, *, busy_cores: float = 0.9) -> list[str]:
+    """The processes other than the gateway that kept a core busy: the figures then measure
+    them, not the gateway. Pure."""
+    return sorted({name for path in (result.direct_cpu, result.gateway_cpu)
+                   for name, use in path.uses.items() if name != "gateway" and use.cores >= busy_cores})
+
+
+async def measure_sweep(
+    levels: Sequence[int], plan: OverheadPlan, *, repeats: int, log_dir: Path, progress: Callable[[str], None],
+) -> list[OverheadResult]:
+    """Stand up upstream and gateway once, run ``plan`` at each stream count ``repeats`` times."""
+    results: list[OverheadResult] = []
+    async with _upstream_and_gateway(plan, log_dir=log_dir) as (direct, gateway, meter), \
+            runner.new_session() as session:
         requests = synthetic(
             64, model=DEMO_MODEL_NAME, input_tokens=Lengths(_PROMPT_TOKENS, _PROMPT_TOKENS),
             output_tokens=Lengths(plan.output_tokens, plan.output_tokens), prompts=WordPrompts(), seed=0,
         )
         load = itertools.cycle(requests)
-        records: dict[str, list[RequestRecord]] = {direct.name: [], gateway.name: []}
-        windows: dict[str, list[Window]] = {direct.name: [], gateway.name: []}
+        warm_up = dataclasses.replace(plan, streams=min(levels))
         for target in (direct, gateway):  # connections and code paths warm, then measure
-            await _window(session, target, load, plan=plan, steady_s=_WARM_UP_S)
-        for round_index in range(plan.rounds):
-            for target in (direct, gateway) if round_index % 2 == 0 else (gateway, direct):
-                window, window_records = await _window(session, target, load, plan=plan,
-                                                       steady_s=plan.duration_s / plan.rounds)
-                records[target.name] += window_records
-                windows[target.name].append(window)
-                summary = summarize(window_records, slo=_NO_SLO, windows=[window])
-                progress(f"  round {round_index + 1}/{plan.rounds} {target.name:<8} "
-                         f"{summary.output_tokens_per_s:8.0f} tok/s  errors {summary.errors}")
-    direct_summary, gateway_summary = (
-        summarize(records[name], slo=_NO_SLO, windows=windows[name]) for name in (direct.name, gateway.name)
-    )
-    for name, summary in (("direct", direct_summary), ("gateway", gateway_summary)):
+            await _window(session, target, load, plan=warm_up, steady_s=_WARM_UP_S, meter=meter)
+        for streams in levels:
+            for repeat in range(repeats):
+                progress(f"{streams} streams, run {repeat + 1}/{repeats}")
+                point = dataclasses.replace(plan, streams=streams)
+                results.append(await _measure_point(session, direct, gateway, load, plan=point, meter=meter,
+                                                    progress=progress, log_dir=log_dir))
+                progress("  " + results[-1].verdict())
+                progress("  " + results[-1].cpu_line())
+    return results
+
+
+async def _measure_point(
+    session: aiohttp.ClientSession, direct: runner.Target, gateway: runner.Target, load: Iterator[BenchRequest], *,
+    plan: OverheadPlan, meter: CpuMeter, progress: Callable[[str], None], log_dir: Path,
+) -> OverheadResult:
+    records: dict[str, list[RequestRecord]] = {direct.name: [], gateway.name: []}
+    windows: dict[str, list[Window]] = {direct.name: [], gateway.name: []}
+    uses: dict[str, list[dict[str, CpuUse]]] = {direct.name: [], gateway.name: []}
+    for round_index in range(plan.rounds):
+        for target in (direct, gateway) if round_index % 2 == 0 else (gateway, direct):
+            window, window_records, window_use = await _window(
+                session, target, load, plan=plan, steady_s=plan.duration_s / plan.rounds, meter=meter)
+            records[target.name] += window_records
+            windows[target.name].append(window)
+            uses[target.name].append(window_use)
+            summary = summarize(window_records, slo=_NO_SLO, windows=[window])
+            progress(f"  round {round_index + 1}/{plan.rounds} {target.name:<8} "
+                     f"{summary.output_tokens_per_s:8.0f} tok/s  errors {summary.errors}")
+    summaries = {name: summarize(records[name], slo=_NO_SLO, windows=windows[name]) for name in records}
+    for name, summary in summaries.items():
         if summary.ttft_ms is None or summary.itl_ms is None:
             raise BenchFailed(f"{name}: no request streamed tokens ({summary.errors} errors: {summary.top_errors}); "
                               f"logs in {log_dir}")
-    return OverheadResult(direct=direct_summary, gateway=gateway_summary)
+    cpu = {name: PathCpu(uses={process: summed([use[process] for use in uses[name]]) for process in PROCESSES},
+                         chunks=chunks_in(records[name], windows[name]), requests=summaries[name].requests)
+           for name in records}
+    return OverheadResult(streams=plan.streams, direct=summaries[direct.name], gateway=summaries[gateway.name],
+                          direct_cpu=cpu[direct.name], gateway_cpu=cpu[gateway.name])
+
+
+def chunks_in(records: Sequence[RequestRecord], windows: Sequence[Window]) -> int:
+    """Token events that arrived inside ``windows``. Pure."""
+    return sum(1 for record in records for time_s in record.token_times_s
+               if any(time_s in window for window in windows))
 
 
 _NO_SLO = Slo(ttft_s=float("inf"), itl_s=float("inf"))
@@ -120,22 +213,35 @@ _NO_SLO = Slo(ttft_s=float("inf"), itl_s=float("inf"))
 
 async def _window(
     session: aiohttp.ClientSession, target: runner.Target, load: Iterator[BenchRequest], *,
-    plan: OverheadPlan, steady_s: float,
-) -> tuple[Window, list[RequestRecord]]:
-    """Ramp ``plan.streams`` up over one stream lifetime, then hold them for ``steady_s``."""
+    plan: OverheadPlan, steady_s: float, meter: CpuMeter,
+) -> tuple[Window, list[RequestRecord], dict[str, CpuUse]]:
+    """Ramp ``plan.streams`` up over one stream lifetime, then hold them for ``steady_s``; the
+    processes' CPU is read at both ends of the steady part."""
     ramp_s = plan.stream_lifetime_s
     start_s = time.perf_counter()
-    records = await runner.run_closed_loop(
-        session, target, load, streams=plan.streams, duration_s=ramp_s + steady_s, stagger_s=ramp_s,
-        timeout_s=ramp_s * 10 + 30.0, on_done=lambda _record: None,
-    )
-    return Window(start_s + ramp_s, start_s + ramp_s + steady_s), records
+    async with asyncio.TaskGroup() as group:
+        cpu = group.create_task(_cpu_between(meter, start_s=start_s + ramp_s, end_s=start_s + ramp_s + steady_s))
+        records = await runner.run_closed_loop(
+            session, target, load, streams=plan.streams, duration_s=ramp_s + steady_s, stagger_s=ramp_s,
+            timeout_s=ramp_s * 10 + 30.0, on_done=lambda _record: None,
+        )
+    return Window(start_s + ramp_s, start_s + ramp_s + steady_s), records, cpu.result()
+
+
+async def _cpu_between(meter: CpuMeter, *, start_s: float, end_s: float) -> dict[str, CpuUse]:
+    """Each process's CPU from ``start_s`` to ``end_s`` (time.perf_counter()); read off the loop,
+    so the load generator's streams do not wait on /proc."""
+    await asyncio.sleep(max(0.0, start_s - time.perf_counter()))
+    before, read_from_s = await asyncio.to_thread(meter.read), time.perf_counter()
+    await asyncio.sleep(max(0.0, end_s - time.perf_counter()))
+    after, read_to_s = await asyncio.to_thread(meter.read), time.perf_counter()
+    return cpu_use(before, after, window_s=read_to_s - read_from_s)
 
 
 @contextlib.asynccontextmanager
 async def _upstream_and_gateway(
     plan: OverheadPlan, *, log_dir: Path
-) -> AsyncIterator[tuple[runner.Target, runner.Target]]:
+) -> AsyncIterator[tuple[runner.Target, runner.Target, CpuMeter]]:
     upstream_port, gateway_port = free_port(), free_port()
     upstream_url, gateway_url = f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{gateway_port}"
     pdserve = [sys.executable, "-m", "pdserve"]
@@ -143,8 +249,16 @@ async def _upstream_and_gateway(
                      "--ttft-ms", str(plan.ttft_s * 1000), "--tokens-per-s", str(plan.tokens_per_s)]
     gateway_argv = [*pdserve, "serve", "--prefill-url", upstream_url, "--decode-url", upstream_url,
                     "--port", str(gateway_port)]
+    if plan.gateway_workers is not None:
+        gateway_argv += ["--workers", str(plan.gateway_workers)]
     async with (
-        child_service(upstream_argv, ready_url=f"{upstream_url}/health", log_path=log_dir / "upstream.log"),
-        child_service(gateway_argv, ready_url=f"{gateway_url}/health", log_path=log_dir / "gateway.log"),
+        child_service(upstream_argv, ready_url=f"{upstream_url}/health", log_path=log_dir / "upstream.log") as upstream,
+        child_service(gateway_argv, ready_url=f"{gateway_url}/health", log_path=log_dir / "gateway.log") as gateway,
     ):
-        yield runner.Target("direct", (upstream_url,)), runner.Target("gateway", (gateway_url,))
+        meter = CpuMeter({"gateway": psutil.Process(gateway.pid), "upstream": psutil.Process(upstream.pid),
+                          "loadgen": psutil.Process()})
+        yield runner.Target("direct", (upstream_url,)), runner.Target("gateway", (gateway_url,)), meter
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)

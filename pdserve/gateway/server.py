@@ -1,11 +1,48 @@
-"""Run the gateway app under uvicorn inside the caller's event loop."""
+"""Run the gateway app under uvicorn inside the caller's event loop: in this process, or as
+``gateway.workers`` processes on one port (gateway/workers.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
+import multiprocessing
+import multiprocessing.process
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
 
 import uvicorn
+import uvloop
 from starlette.types import ASGIApp
+
+from pdserve.config import Settings
+from pdserve.errors import EngineStartFailed
+from pdserve.gateway.app import build_app
+from pdserve.gateway.workers import SharedHealth, Worker, reuseport_socket
+from pdserve.logs import logging_off_the_loop
+
+
+class GatewayServer(Protocol):
+    """What ``pdserve up`` and ``serve`` need of a server: uvicorn.Server's shape."""
+
+    started: bool
+    should_exit: bool
+
+    async def serve(self) -> None: ...
+
+
+def make_gateway_server(settings: Settings, *, handle_signals: bool = False) -> GatewayServer:
+    """The configured gateway: one uvicorn server here, or ``gateway.workers`` processes."""
+    spec = settings.gateway
+    app = build_app(settings)  # raises ConfigError here, before any worker starts, on bad access keys
+    if spec.workers > 1:
+        return GatewayWorkers(settings, handle_signals=handle_signals)
+    return make_server(app, host=spec.host, port=spec.port, handle_signals=handle_signals)
 
 
 def make_server(app: ASGIApp, *, host: str, port: int, handle_signals: bool = False) -> uvicorn.Server:
@@ -25,3 +62,86 @@ def make_server(app: ASGIApp, *, host: str, port: int, handle_signals: bool = Fa
     if not handle_signals:
         server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
     return server
+
+
+class GatewayWorkers:
+    """The parent of ``settings.gateway.workers`` gateway processes; shaped like uvicorn.Server
+    (``serve()``, ``started``, ``should_exit``) so ``pdserve up`` and ``serve`` run either.
+
+    ``serve()`` returns when ``should_exit`` is set (or, with ``handle_signals``, on SIGINT or
+    SIGTERM) and raises EngineStartFailed when a worker exits on its own; it stops them all.
+    """
+
+    def __init__(self, settings: Settings, *, handle_signals: bool = False) -> None:
+        self._settings, self._handle_signals = settings, handle_signals
+        self.started = False
+        self.should_exit = False
+
+    async def serve(self) -> None:
+        spec = self._settings.gateway
+        run_dir = Path(tempfile.mkdtemp(prefix="pdserve-gateway-"))
+        health = SharedHealth(self._settings)
+        context = multiprocessing.get_context("spawn")
+        processes = [context.Process(target=_worker_main, name=f"pdserve-gateway-{index}", daemon=True,
+                                     args=(self._settings, Worker(index, spec.workers, run_dir, health), os.getpid()))
+                     for index in range(spec.workers)]
+        if self._handle_signals:
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, self._exit)
+        try:
+            for process in processes:
+                process.start()
+            while not self.should_exit:
+                if dead := [process for process in processes if not process.is_alive()]:
+                    raise EngineStartFailed(f"gateway worker {dead[0].name} exited ({dead[0].exitcode}); "
+                                            f"is {spec.host}:{spec.port} taken?")
+                self.started = self.started or all(
+                    (run_dir / f"ready-{index}").exists() for index in range(spec.workers))
+                await asyncio.sleep(0.1)
+        finally:
+            await asyncio.to_thread(_stop, processes)
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+    def _exit(self) -> None:
+        self.should_exit = True
+
+
+def _stop(processes: Sequence[multiprocessing.process.BaseProcess]) -> None:
+    for process in processes:
+        if process.is_alive():
+            process.terminate()  # SIGTERM: uvicorn finishes the streams it can, then exits
+    for process in processes:
+        process.join(10.0)
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
+def _worker_main(settings: Settings, worker: Worker, parent_pid: int) -> None:
+    """One worker process: the gateway app under uvicorn on a SO_REUSEPORT socket."""
+    with logging_off_the_loop(logging.INFO), asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(_serve_worker(settings, worker, parent_pid))
+
+
+async def _serve_worker(settings: Settings, worker: Worker, parent_pid: int) -> None:
+    spec = settings.gateway
+    sock = reuseport_socket(spec.host, spec.port)
+    server = make_server(build_app(settings, worker=worker), host=spec.host, port=spec.port)
+    # The parent decides when to stop (SIGTERM); a terminal's Ctrl-C reaches it, not us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    def stop() -> None:
+        server.should_exit = True
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop)
+    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+    try:
+        while not serving.done():
+            if server.started:
+                (worker.run_dir / f"ready-{worker.index}").touch()
+            if os.getppid() != parent_pid:  # the parent was killed: do not linger on the port
+                server.should_exit = True
+            await asyncio.wait({serving}, timeout=0.5)
+        serving.result()
+    finally:
+        sock.close()

@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+
+from pdserve.bench.cpu import CpuMeter, CpuUse, cpu_use, per_item_us, summed
+from pdserve.bench.overhead import PathCpu, chunks_in, knee_streams
+from pdserve.bench.records import RequestRecord
+from pdserve.bench.stats import Window
+
+
+def test_knee_is_the_highest_count_before_the_first_miss() -> None:
+    assert knee_streams([(16, True), (64, True), (128, False), (256, True)]) == 64
+
+
+def test_knee_needs_every_run_of_a_count_to_meet_the_goals() -> None:
+    outcomes = [(64, True), (16, True), (128, True), (64, True), (128, False), (16, True)]
+    assert knee_streams(outcomes) == 64
+
+
+def test_no_knee_when_the_lowest_count_misses() -> None:
+    assert knee_streams([(16, False), (64, True)]) is None
+    assert knee_streams([]) is None
+
+
+def test_cpu_use_is_the_difference_over_the_window() -> None:
+    uses = cpu_use({"gateway": 10.0, "loadgen": 3.0}, {"gateway": 10.5, "loadgen": 4.0}, window_s=2.0)
+    assert uses["gateway"].cores == pytest.approx(0.25)
+    assert uses["loadgen"].cores == pytest.approx(0.5)
+    assert summed([CpuUse(1.0, 2.0), CpuUse(3.0, 2.0)]) == CpuUse(4.0, 4.0)
+
+
+def test_cpu_per_chunk_and_request_in_microseconds() -> None:
+    assert per_item_us(0.5, 10_000) == pytest.approx(50.0)
+    assert per_item_us(0.5, 0) is None
+    path = PathCpu(uses={"gateway": CpuUse(0.2, 10.0)}, chunks=4_000, requests=10)
+    assert path.us_per_chunk("gateway") == pytest.approx(50.0)
+    assert path.us_per_request("gateway") == pytest.approx(20_000.0)
+
+
+def test_meter_reads_the_process_own_counters() -> None:
+    meter = CpuMeter({"loadgen": psutil.Process()})
+    before = meter.read()
+    deadline_s = time.process_time() + 0.2
+    while time.process_time() < deadline_s:
+        pass
+    used_s = meter.read()["loadgen"] - before["loadgen"]
+    assert 0.15 <= used_s < 1.0
+
+
+def test_chunks_count_only_token_events_inside_the_windows() -> None:
+    record = RequestRecord(target="gateway", url="u", sent_s=0.0, token_times_s=(0.5, 1.5, 2.5, 3.5),
+                           done_s=4.0, output_tokens=4)
+    assert chunks_in([record], [Window(1.0, 3.0)]) == 2
+    assert chunks_in([record], [Window(0.0, 1.0), Window(3.0, 4.0)]) == 2

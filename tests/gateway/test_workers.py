@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import psutil
+
+from pdserve.config import load_settings
+from pdserve.gateway.server import GatewayWorkers
+from pdserve.gateway.workers import merge_exposition
+from tests.conftest import free_port, serving
+from tests.fake_engine import FakeEngine
+
+STREAMS = 16
+
+
+async def test_two_workers_serve_one_port_and_metrics_sum_both() -> None:
+    engine = FakeEngine(token_delay_s=0.2)  # each stream lasts ~1 s: all are open at once
+    async with serving(engine.app(), free_port()) as engine_url:
+        port = free_port()
+        settings = load_settings(overrides={
+            "prefill.urls": [engine_url], "prefill.engines": 0, "decode.urls": [engine_url], "decode.engines": 0,
+            "gateway.port": port, "gateway.workers": 2,
+        })
+        workers = GatewayWorkers(settings)
+        task = asyncio.create_task(workers.serve())
+        try:
+            while not workers.started:
+                assert not task.done(), task.exception()
+                await asyncio.sleep(0.05)
+            base_url = f"http://127.0.0.1:{port}"
+            body = {"model": settings.model.served_name, "prompt": "hi", "max_tokens": 5, "stream": True}
+
+            async def stream() -> str:
+                async with httpx.AsyncClient(timeout=10) as client:  # a connection of its own
+                    reply = await client.post(f"{base_url}/v1/completions", json=body)
+                    return reply.text
+
+            streams = [asyncio.create_task(stream()) for _ in range(STREAMS)]
+            await asyncio.sleep(0.5)
+            serving_pids = {pid for pid, connections in _connections_on(port).items() if connections}
+            texts = await asyncio.gather(*streams)
+            assert all("[DONE]" in text for text in texts)
+            assert len(serving_pids) == 2, "the kernel spread the clients over both workers"
+
+            async with httpx.AsyncClient(timeout=10) as client:
+                metrics = (await client.get(f"{base_url}/metrics")).text
+            served = [line for line in metrics.splitlines()
+                      if line.startswith('pdserve_requests_total{') and 'route="/v1/completions"' in line]
+            assert sum(float(line.rsplit(" ", 1)[1]) for line in served) == STREAMS
+        finally:
+            workers.should_exit = True
+            await task
+    assert not [child for child in psutil.Process().children() if "spawn_main" in " ".join(child.cmdline())]
+
+
+def _connections_on(port: int) -> dict[int, int]:
+    """Established client connections on ``port`` by gateway worker pid."""
+    found: dict[int, int] = {}
+    for child in psutil.Process().children(recursive=True):
+        if "spawn_main" not in " ".join(child.cmdline()):
+            continue
+        found[child.pid] = sum(1 for connection in child.net_connections(kind="tcp")
+                               if connection.laddr.port == port and connection.status == psutil.CONN_ESTABLISHED)
+    return found
+
+
+def test_merged_metrics_sum_samples_and_keep_the_earliest_created() -> None:
+    one = ('# HELP jobs_total Jobs.\n# TYPE jobs_total counter\njobs_total{kind="a"} 2.0\n'
+           'jobs_created{kind="a"} 100.0\n')
+    two = ('# HELP jobs_total Jobs.\n# TYPE jobs_total counter\njobs_total{kind="a"} 3.0\n'
+           'jobs_created{kind="a"} 50.0\njobs_total{kind="b"} 1.0\n')
+    merged = merge_exposition([one, two]).decode()
+    assert 'jobs_total{kind="a"} 5.0' in merged
+    assert 'jobs_created{kind="a"} 50.0' in merged
+    assert 'jobs_total{kind="b"} 1.0' in merged
+
+
+def test_merged_histograms_keep_bucket_order() -> None:
+    text = ('# HELP gap_seconds Gaps.\n# TYPE gap_seconds histogram\n'
+            'gap_seconds_bucket{le="0.1"} 1.0\ngap_seconds_bucket{le="+Inf"} 2.0\n'
+            'gap_seconds_count 2.0\ngap_seconds_sum 0.3\n')
+    merged = merge_exposition([text, text]).decode().splitlines()
+    buckets = [line for line in merged if line.startswith("gap_seconds_bucket")]
+    assert buckets == ['gap_seconds_bucket{le="0.1"} 2.0', 'gap_seconds_bucket{le="+Inf"} 4.0']
