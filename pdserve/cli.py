@@ -58,19 +58,20 @@ def serve(
     decode_url: Annotated[list[str], typer.Option(help="A running decode engine (repeatable).")] = [],  # noqa: B006
     port: PortOption = None,
     host: HostOption = None,
+    workers: Annotated[int | None, typer.Option(help="Gateway processes (overrides gateway.workers).")] = None,
 ) -> None:
     """Run only the gateway, in front of engines that are already running."""
-    from pdserve.gateway.app import build_app
-    from pdserve.gateway.server import make_server
+    from pdserve.gateway.server import make_gateway_server
 
-    flags: dict[str, Any] = {"gateway.port": port, "gateway.host": host}
+    flags: dict[str, Any] = {"gateway.port": port, "gateway.host": host, "gateway.workers": workers}
     if prefill_url:
         flags |= {"prefill.urls": prefill_url, "prefill.engines": 0}
     if decode_url:
         flags |= {"decode.urls": decode_url, "decode.engines": 0}
     settings = _settings(config, **flags)
-    server = make_server(build_app(settings), host=settings.gateway.host, port=settings.gateway.port, handle_signals=True)
-    _progress(f"gateway on http://{settings.gateway.host}:{settings.gateway.port}/v1")
+    server = make_gateway_server(settings, handle_signals=True)
+    _progress(f"gateway on http://{settings.gateway.host}:{settings.gateway.port}/v1 "
+              f"({settings.gateway.workers} process{'es' if settings.gateway.workers > 1 else ''})")
     _run(server.serve())
 
 
@@ -107,10 +108,12 @@ def demo_model(
     shape: Annotated[Shape | None, typer.Option(help=(
         "Instead: this real architecture's config.json and a padded tokenizer, no weights, for GPU runs "
         "with --load-format dummy (DIR required)."))] = None,
+    random_weights: Annotated[bool, typer.Option(help=(
+        "With --shape: also seeded random weights, for a tiny shape served on CPU (qwen3-next-tiny)."))] = False,
 ) -> None:
     """Build the tiny demo model (Qwen3 architecture, local tokenizer), offline; or a real model's shape."""
     if shape is not None:
-        _write_shape(directory, shape)
+        _write_shape(directory, shape, random_weights=random_weights)
         return
     from pdserve.demo.model import build_demo_model
 
@@ -119,7 +122,7 @@ def demo_model(
     _progress(f"demo model ready at {path}")
 
 
-def _write_shape(directory: Path | None, shape: Shape) -> None:
+def _write_shape(directory: Path | None, shape: Shape, *, random_weights: bool) -> None:
     """``demo-model DIR --shape``: exit 2 without DIR, 1 when DIR holds other files."""
     from pdserve.demo.shapes import kv_bytes_per_token, write_shape_model
 
@@ -131,7 +134,12 @@ def _write_shape(directory: Path | None, shape: Shape) -> None:
     except FileExistsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise typer.Exit(1) from exc
-    _progress(f"{shape} shape ready at {directory} (no weights: serve with --load-format dummy; "
+    if random_weights:
+        from pdserve.demo.random_weights import write_random_weights  # torch + transformers: only when asked
+
+        write_random_weights(directory)
+    weights = "seeded random weights" if random_weights else "no weights: serve with --load-format dummy"
+    _progress(f"{shape} shape ready at {directory} ({weights}; "
               f"KV cache {kv_bytes_per_token(shape):,} bytes per token)")
 
 

@@ -97,10 +97,13 @@ class KVTransferSpec(_Frozen):
     """How the KV cache travels from prefill to decode engines (vLLM's kv_transfer_config)."""
 
     connector: Literal["NixlConnector"] = "NixlConnector"
-    buffer_device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="auto = cpu for CPU engines, cuda for GPU engines"
-    )
-    backends: list[str] = Field(default_factory=lambda: ["UCX"], description="NIXL backends")
+    buffer_device: Literal["auto", "cpu", "cuda"] = Field("auto", description=(
+        "auto = cpu for CPU engines; for GPU engines cuda where the link can read GPU memory, else cpu "
+        "(engines/kv_link.py)"))
+    backends: list[Literal["UCX", "LIBFABRIC"]] = Field(["UCX"], description=(
+        "NIXL backends; LIBFABRIC needs libfabric >= 2.x with the ABI of NIXL's plugin and libcuda (docs/transport.md)"))
+    libfabric_provider: Literal["auto", "efa", "tcp", "shm", "sockets", "verbs"] = Field("auto", description=(
+        "FI_PROVIDER of the LIBFABRIC backend; auto = efa where EFA is placed or present, else tcp"))
     block_size: int | None = Field(None, ge=16, multiple_of=16, description=(
         "KV block size in tokens (--block-size); auto = 128 on GPU engines (8x fewer NIXL descriptors per "
         "handoff than vLLM's 16), vLLM's own default on CPU"))
@@ -113,16 +116,37 @@ class GatewaySpec(_Frozen):
     connect_timeout_s: float = Field(5.0, gt=0)
     prefill_timeout_s: float = Field(300.0, gt=0, description="whole prefill leg")
     decode_idle_timeout_s: float = Field(120.0, gt=0, description="max silence on decode stream")
-    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
+    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, description="larger request bodies get 413")
+    max_header_bytes: int = Field(16 * 1024, gt=0, description="request line and headers together; more gets 431")
+    api_keys_file: str = Field("", description=(
+        "client API keys, one per line (or PDSERVE_API_KEYS, comma-separated); none = no key needed"))
+    admin_key_file: str = Field("", description=(
+        "the admin key (or PDSERVE_ADMIN_KEY): needed, once any key is set, for /health's engine listing"))
     leg_attempts: int = Field(2, ge=1, description="endpoints tried per leg before failing")
     health_interval_s: float = Field(2.0, gt=0)
     health_timeout_s: float = Field(5.0, gt=0, description="a busy engine answers /health slowly")
     unhealthy_after_failures: int = Field(3, ge=1, description="failed probes in a row to eject")
-    slow_handoff_warn_s: float = Field(1.0, gt=0, description="warn when a KV handoff is slower")
+    slow_handoff_warn_s: float = Field(1.0, gt=0, description=(
+        "a KV handoff or transfer slower than this is reported: a WARNING when the engine's own transfers "
+        "were slow, else a note that the decode engine was busy"))
     slow_kv_gbps: float = Field(0.5, gt=0, description="warn when engines move KV slower than this")
-    slow_kv_min_ms: float = Field(10.0, ge=0, description=(
+    slow_kv_min_ms: float = Field(100.0, ge=0, description=(
         "but not when transfers take less than this on average: small ones are latency-bound"))
     kv_scrape_interval_s: float = Field(5.0, gt=0, description="how often engines' KV counters are read")
+    workers: int = Field(default_factory=lambda: len(os.sched_getaffinity(0)), ge=1, description=(
+        "gateway processes sharing the port (SO_REUSEPORT); default: the cores available. "
+        "The Ray gateway replica runs one"))
+    busy_log_interval_s: float = Field(60.0, gt=0, description="at most one 'decode engine busy' line per engine this often")
+    # Overload (gateway/admission.py): defaults far above what one healthy deployment carries,
+    # there only to bound memory and latency. Every count is per gateway process (gateway.workers).
+    max_in_flight: int = Field(4096, ge=1, description=(
+        "requests one gateway process serves at once (each of gateway.workers has its own); more wait in the queue"))
+    max_in_flight_per_engine: int = Field(256, ge=1, description=(
+        "legs one gateway process keeps open on one engine, per role; vLLM batches at most 256 on GPU "
+        "(max_num_seqs), so more would only wait inside the engine"))
+    max_queued: int = Field(1024, ge=0, description=(
+        "requests one gateway process lets wait for a slot; more get 429 at once (0: no queue)"))
+    queue_timeout_s: float = Field(30.0, gt=0, description="longest wait for a slot before a 429")
 
 
 MpsMode = Literal["auto", "on", "off"]
@@ -325,6 +349,12 @@ def parse_settings(tree: Mapping[str, Any], *, source: str) -> Settings:
             for error in exc.errors()
         ]
         raise ConfigError(f"invalid configuration ({source}):\n" + "\n".join(problems)) from exc
+
+
+def secret_env(name: str) -> str:
+    """A secret from the environment ('' if unset). Secrets never enter Settings: those are shipped
+    to Ray and rendered into manifests."""
+    return os.environ.get(name, "")
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """``pdserve up``: the whole deployment on this machine (engines + gateway) until a signal.
 
-Order: model ready -> ports free -> engines ready -> gateway up -> warm-up request through
-both legs (NIXL handshake done before any user request) -> ready line -> supervise -> stop all.
+Order: model ready -> ports free -> engines ready -> gateway up -> the gateway's warm-up request
+through both legs (NIXL handshake done before any user request) -> ready line -> supervise -> stop all.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from pdserve.config import Settings
 from pdserve.engines.model_layout import ModelLayout, describe, read_layout
 from pdserve.engines.supervisor import Supervisor
 from pdserve.errors import ConfigError, EngineStartFailed
-from pdserve.gateway.app import build_app
-from pdserve.gateway.server import make_server
+from pdserve.gateway.server import make_gateway_server
+
+READY_POLL_S = 0.1
 
 
 async def run_up(settings: Settings, *, progress: Callable[[str], None]) -> None:
@@ -35,7 +36,7 @@ async def run_up(settings: Settings, *, progress: Callable[[str], None]) -> None
     model_path = await resolve_model(settings, progress=progress)
     layout = await resolve_layout(model_path, progress=progress)
     supervisor = Supervisor(settings, model_path=model_path, layout=layout, progress=progress)
-    server = make_server(build_app(settings), host=settings.gateway.host, port=settings.gateway.port)
+    server = make_gateway_server(settings)
     tasks: list[asyncio.Task[None]] = []
     async with aiohttp.ClientSession() as session:
         try:
@@ -49,7 +50,8 @@ async def run_up(settings: Settings, *, progress: Callable[[str], None]) -> None
                     raise EngineStartFailed("the gateway server stopped during start-up")
                 await asyncio.sleep(0.05)
             base_url = f"http://{settings.gateway.host}:{settings.gateway.port}"
-            if not await _until_stopped(stop, warm_up(session, base_url, settings.model.served_name, progress)):
+            ready = wait_ready(session, base_url, progress, timeout_s=settings.launch.ready_timeout_s)
+            if not await _until_stopped(stop, ready):
                 return
             progress(ready_line(base_url, settings.model.served_name, time.monotonic() - started_s))
             tasks.append(asyncio.create_task(supervisor.keep_alive(session)))
@@ -97,16 +99,24 @@ def _check_ports_free(settings: Settings) -> None:
         raise ConfigError(f"ports already in use: {busy}; stop what holds them or change the ports")
 
 
-async def warm_up(session: aiohttp.ClientSession, base_url: str, model: str, progress: Callable[[str], None]) -> None:
-    """One request through both legs, so the KV connector handshake is done before users come.
+async def wait_ready(session: aiohttp.ClientSession, base_url: str, progress: Callable[[str], None], *,
+                     timeout_s: float) -> None:
+    """Wait until the gateway's ``/health/ready`` says its own warm-up request went through both
+    legs (the KV connector handshake is then done before users come).
 
-    Raises EngineStartFailed unless the gateway answers 200.
+    Raises EngineStartFailed if the warm-up failed or the gateway is not ready within ``timeout_s``.
     """
     started_s = time.monotonic()
-    body = {"model": model, "prompt": "warm up", "max_tokens": 2}
-    async with session.post(f"{base_url}/v1/completions", json=body) as reply:
-        if reply.status != 200:
-            raise EngineStartFailed(f"warm-up request failed ({reply.status}): {await reply.text()}")
+    while True:
+        async with session.get(f"{base_url}/health/ready", timeout=aiohttp.ClientTimeout(total=10)) as reply:
+            if reply.status == 200:
+                break
+            state = await reply.json(content_type=None)
+        if state.get("warm_up") == "failed":
+            raise EngineStartFailed(f"warm-up request failed: {state.get('warm_up_error')}")
+        if time.monotonic() - started_s > timeout_s:
+            raise EngineStartFailed(f"gateway not ready after {timeout_s:.0f} s: {state}")
+        await asyncio.sleep(READY_POLL_S)
     progress(f"  warm-up    done     {time.monotonic() - started_s:5.1f}s  (prefill -> KV handoff -> decode)")
 
 

@@ -22,15 +22,19 @@ class FakeEngine:
 
     bodies: list[dict[str, Any]] = field(default_factory=list)
     reject_status: int | None = None  # answer every request with this status
+    reject_message: str = "prompt too long"
     break_stream_after: int | None = None  # drop the connection after N chunks
     token_delay_s: float = 0.0
     streams_closed_early: int = 0
+    metrics_text: str = ""  # what GET /metrics answers (vLLM's Prometheus text)
+    decode_gate: asyncio.Event | None = None  # when given, decode requests wait for it before answering
 
     def app(self) -> Starlette:
         routes = [
             Route("/v1/completions", self._complete, methods=["POST"]),
             Route("/v1/chat/completions", self._complete, methods=["POST"]),
             Route("/health", lambda _request: Response(), methods=["GET"]),
+            Route("/metrics", lambda _request: Response(self.metrics_text, media_type="text/plain"), methods=["GET"]),
         ]
         return Starlette(routes=routes)
 
@@ -38,10 +42,12 @@ class FakeEngine:
         body = json.loads(await request.body())
         self.bodies.append(body)
         if self.reject_status:
-            error = {"message": "prompt too long", "type": "BadRequestError", "param": None, "code": 400}
+            error = {"message": self.reject_message, "type": "BadRequestError", "param": None, "code": 400}
             return JSONResponse({"error": error}, status_code=self.reject_status)
         if (body.get("kv_transfer_params") or {}).get("do_remote_decode"):
             return JSONResponse({"choices": [{"text": "x"}], "usage": {"prompt_tokens": 7}, "kv_transfer_params": KV_PARAMS})
+        if self.decode_gate is not None:
+            await self.decode_gate.wait()
         if body.get("stream"):
             return StreamingResponse(self._sse(), media_type="text/event-stream")
         return JSONResponse({"choices": [{"text": "".join(WORDS)}], "usage": {"completion_tokens": len(WORDS)}})

@@ -1,18 +1,19 @@
-"""The gateway's ASGI app: routes, lifespan (HTTP client, pool, health loop), error mapping.
+"""The gateway's ASGI app: routes, lifespan (HTTP client, pool, health loop, warm-up), access checks.
 
-Request shaping lives in pd/, the request flow in orchestrator.py; this module only speaks HTTP.
+Request shaping lives in pd/, the request flow in orchestrator.py, what a failure tells the client
+in client_errors.py; this module only speaks HTTP.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
-import re
 import time
-import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -23,22 +24,21 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from pdserve.access import Access, AccessKeys, load_access_keys
 from pdserve.config import Settings
-from pdserve.errors import BadRequest, LegFailed, NoHealthyEndpoint, PdserveError, UpstreamRejected
-from pdserve.gateway import kv_monitor
+from pdserve.errors import BadRequest, NotReady, PdserveError
+from pdserve.gateway import readiness
+from pdserve.gateway.admission import Admission
+from pdserve.gateway.client_errors import ClientError, client_error
 from pdserve.gateway.disconnect import ClientDisconnected, DisconnectGuard
+from pdserve.gateway.handoffs import Handoffs
+from pdserve.gateway.kv_monitor import KVMonitor
 from pdserve.gateway.metrics import GatewayMetrics
 from pdserve.gateway.orchestrator import Call, Mode, Orchestrator, Reply
+from pdserve.gateway.request_input import check_header_size, header_map, parse_mode, read_body, request_id
+from pdserve.gateway.workers import Worker
 from pdserve.pd.engine_http import EngineClient
-from pdserve.protocol import (
-    PD_MODE_HEADER,
-    REQUEST_ID_HEADER,
-    ChatRequest,
-    CompletionRequest,
-    error_body,
-    parse_json_object,
-    validate_request,
-)
+from pdserve.protocol import ChatRequest, CompletionRequest, error_body, parse_json_object, validate_request
 from pdserve.role import Role
 from pdserve.routing import health
 from pdserve.routing.policy import LeastInFlight
@@ -47,19 +47,22 @@ from pdserve.routing.sources import EndpointSource, FixedEndpoints
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
-_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,256}")
 SCHEMAS: dict[str, type[ChatRequest | CompletionRequest]] = {
     "/v1/completions": CompletionRequest, "/v1/chat/completions": ChatRequest,
 }
 
 
 class Gateway:
-    """State with a lifecycle: the upstream HTTP session, the endpoint pool and its health loop."""
+    """State with a lifecycle: the upstream HTTP session, the endpoint pool, its health loop and warm-up."""
 
-    def __init__(self, settings: Settings, source: EndpointSource) -> None:
-        self.settings, self.source = settings, source
-        self.metrics = GatewayMetrics()
+    def __init__(self, settings: Settings, source: EndpointSource, keys: AccessKeys, *,
+                 worker: Worker | None = None) -> None:
+        self.settings, self.source, self.keys = settings, source, keys
+        self._worker = worker  # one of several processes on the port (gateway/workers.py), or None
         self.pool = Pool()
+        self.admission = Admission(self.pool, spec=settings.gateway)
+        self.metrics = GatewayMetrics(self.pool, self.admission)
+        self.readiness = readiness.Readiness()
         self._orchestrator: Orchestrator | None = None
 
     @contextlib.asynccontextmanager
@@ -69,14 +72,18 @@ class Gateway:
         # scrapes use aiohttp. No cookie jar: an engine's Set-Cookie must never ride along.
         client = EngineClient(connect_timeout_s=spec.connect_timeout_s)
         async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
+            handoffs = Handoffs(slow_s=spec.slow_handoff_warn_s)
+            monitor = KVMonitor(spec=spec, handoffs=handoffs, collector=self.metrics.engine_kv)
             self._orchestrator = Orchestrator(
-                client=client, pool=self.pool, policy=LeastInFlight(), spec=spec,
-                connector=self.settings.kv.connector, metrics=self.metrics,
+                client=client, pool=self.pool, admission=self.admission, policy=LeastInFlight(), spec=spec,
+                connector=self.settings.kv.connector, metrics=self.metrics, handoffs=handoffs,
             )
             watchers = [
                 asyncio.create_task(self.source.follow(self.pool)),
-                asyncio.create_task(health.watch(session, self.pool, spec=spec)),
-                asyncio.create_task(kv_monitor.watch(session, self.pool, self.metrics.engine_kv, spec=spec)),
+                *self._engine_watchers(session, monitor),
+                asyncio.create_task(readiness.keep_warm(self._orchestrator, self.pool, self.readiness,
+                                                        model=self.settings.model.served_name,
+                                                        interval_s=spec.health_interval_s)),
             ]
             await asyncio.sleep(0)  # the source fills the pool before the first request
             try:
@@ -87,34 +94,61 @@ class Gateway:
                 await asyncio.gather(*watchers, return_exceptions=True)
                 client.close()
 
+    def _engine_watchers(self, session: aiohttp.ClientSession, monitor: KVMonitor) -> list[asyncio.Task[None]]:
+        """Health probes and KV scrapes, run by one process only: this one, or worker 0 of several,
+        which shares health with the others; every worker answers for its own metrics."""
+        spec, worker = self.settings.gateway, self._worker
+        if worker is None:
+            return [asyncio.create_task(health.watch(session, self.pool, spec=spec)),
+                    asyncio.create_task(monitor.watch(session, self.pool))]
+        tasks = [asyncio.create_task(worker.serve_metrics(self.metrics.render))]
+        if not worker.probes:
+            return [*tasks, asyncio.create_task(worker.health.follow(self.pool))]
+        return [*tasks, asyncio.create_task(health.watch(session, self.pool, spec=spec)),
+                asyncio.create_task(monitor.watch(session, self.pool)),
+                asyncio.create_task(worker.health.publish_forever(self.pool))]
+
     async def complete(self, scope: Scope, receive: Receive, send: Send) -> None:
         """POST /v1/completions and /v1/chat/completions, as plain ASGI: these routes carry every
         token, so they skip Starlette's middleware and its wrappers around each ``send``."""
-        path, mode, status = scope["path"], Mode.PD, 500
-        headers = _header_map(scope)
+        path, mode, status, call_id = scope["path"], Mode.PD, 500, ""
+        headers = header_map(scope)
         try:
-            mode = _parse_mode(headers.get(b"x-pd-mode"))
+            call_id = request_id(headers.get(b"x-request-id"))
+            self.authorize(headers.get(b"authorization"), Access.CLIENT)
+            mode = parse_mode(headers.get(b"x-pd-mode"))
             call = Call(path=path, body=await self._read_request(path, headers, receive), mode=mode,
-                        request_id=_request_id(headers.get(b"x-request-id")), arrived_s=time.perf_counter())
+                        request_id=call_id, arrived_s=time.perf_counter())
             with DisconnectGuard(receive):
-                reply = await self._run(call)
-                status = 200  # from here on, failures reach the client inside the stream
-                try:
-                    await _send_reply(send, reply, request_id=call.request_id)
-                finally:
-                    reply.close()
+                async with self.admission.gateway_slot():  # held until the last byte, whatever ends it
+                    reply = await self._run(call)
+                    status = 200  # from here on, failures reach the client inside the stream
+                    try:
+                        await _send_reply(send, reply, request_id=call_id)
+                    finally:
+                        reply.close()
         except ClientDisconnected:
             if status != 200:
                 status = 499  # gone before its reply started
-        except PdserveError as exc:
-            status, body = error_response(exc)
-            await _send_whole(send, status, body)
+        except Exception as exc:  # the last place a failure can still become an OpenAI error
+            if status == 200:
+                raise  # the reply has started: the server logs it and cuts the connection
+            error = client_error(exc, request_id=call_id)
+            status = error.status
+            await _send_error(send, error, request_id=call_id)
         finally:
             self.metrics.requests.labels(path, mode.value, str(status)).inc()
 
+    def authorize(self, authorization: bytes | None, needed: Access) -> None:
+        """Raises BadRequest (401) unless ``authorization`` grants ``needed``; the key is never echoed."""
+        if self.keys.grant(authorization) < needed:
+            message = "Incorrect API key provided." if authorization else (
+                "You didn't provide an API key: send it as `Authorization: Bearer <key>`.")
+            raise BadRequest(message, status=401, code="invalid_api_key")
+
     async def _read_request(self, path: str, headers: dict[bytes, bytes], receive: Receive) -> dict[str, Any]:
         """The validated JSON body; raises BadRequest (400, 404 for an unknown model, 413)."""
-        body = parse_json_object(await _read_body(receive, headers, limit=self.settings.gateway.max_body_bytes))
+        body = parse_json_object(await read_body(receive, headers, limit=self.settings.gateway.max_body_bytes))
         validate_request(body, SCHEMAS[path])
         if body["model"] != self.settings.model.served_name:
             raise BadRequest(f"The model `{body['model']}` does not exist.", status=404,
@@ -125,34 +159,61 @@ class Gateway:
         assert self._orchestrator is not None, "lifespan not started"
         return await self._orchestrator.run(call)
 
-    async def models(self, _request: Request) -> Response:
+    async def models(self, request: Request) -> Response:
+        """The served model, once the gateway is ready (a client that polls this waits for warm-up too)."""
+        self.authorize(_authorization(request), Access.CLIENT)
+        if not self.readiness.report(self.pool)[0]:
+            raise NotReady()
         model = self.settings.model
         card = {"id": model.served_name, "object": "model", "created": 0, "owned_by": "pdserve",
                 "root": model.path or "pdserve-demo", "max_model_len": model.max_model_len}
         return Response(json.dumps({"object": "list", "data": [card]}), media_type=JSON)
 
-    async def health(self, _request: Request) -> Response:
-        """200 while at least one engine of each role answers its health probe; lists every engine."""
+    async def health(self, request: Request) -> Response:
+        """200 while at least one engine of each role answers its health probe. Lists every engine
+        to the admin (to anyone when no key is configured): their addresses are internal."""
         counts = {role.value: len(self.pool.healthy(role)) for role in Role}
-        engines = {role.value: [{"url": endpoint.url, "is_healthy": endpoint.is_healthy, "in_flight": endpoint.in_flight,
-                                 "kv_backends": endpoint.kv_backends, "kv_transports": endpoint.kv_transports}
-                                for endpoint in self.pool.all(role)] for role in Role}
         is_ready = all(counts.values())
-        body = {"status": "ok" if is_ready else "degraded", "healthy_engines": counts, "engines": engines}
+        body: dict[str, Any] = {"status": "ok" if is_ready else "degraded", "healthy_engines": counts}
+        if self.keys.grant(_authorization(request)) >= Access.ADMIN:
+            body["engines"] = {role.value: [
+                {"url": endpoint.url, "is_healthy": endpoint.is_healthy, "in_flight": endpoint.in_flight,
+                 "kv_path": dataclasses.asdict(endpoint.kv_path)}
+                for endpoint in self.pool.all(role)] for role in Role}
+        return Response(json.dumps(body), status_code=200 if is_ready else 503, media_type=JSON)
+
+    async def live(self, _request: Request) -> Response:
+        """Liveness: the gateway's event loop answers. Engines play no part: restarting the
+        gateway would not bring them back."""
+        return Response(b'{"status": "alive"}', media_type=JSON)
+
+    async def ready(self, _request: Request) -> Response:
+        """Readiness: 200 once engines of both roles answer and a warm-up went through both legs."""
+        is_ready, body = self.readiness.report(self.pool)
         return Response(json.dumps(body), status_code=200 if is_ready else 503, media_type=JSON)
 
     async def prometheus(self, _request: Request) -> Response:
-        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+        body = self.metrics.render()
+        if self._worker is not None:
+            body = await self._worker.gather_metrics(body)  # every worker's, summed
+        return Response(body, media_type="text/plain; version=0.0.4")
 
 
 class GatewayApp:
     """The ASGI app: the two completion routes go straight to the gateway, the rest (models,
-    health, metrics, the lifespan, 404/405) through Starlette."""
+    health, metrics, the lifespan, 404/405) through Starlette. Oversized headers stop here."""
 
     def __init__(self, gateway: Gateway, rest: Starlette) -> None:
         self._gateway, self._rest = gateway, rest
+        self._max_header_bytes = gateway.settings.gateway.max_header_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            try:
+                check_header_size(scope, limit=self._max_header_bytes)
+            except BadRequest as exc:
+                await _send_error(send, client_error(exc, request_id=""), request_id="")
+                return
         if scope["type"] != "http" or scope["path"] not in SCHEMAS:
             await self._rest(scope, receive, send)
         elif scope["method"] == "POST":
@@ -162,88 +223,61 @@ class GatewayApp:
             await _send_whole(send, 405, body, extra_headers=((b"allow", b"POST"),))
 
 
-def build_app(settings: Settings, source: EndpointSource | None = None) -> GatewayApp:
+def build_app(settings: Settings, source: EndpointSource | None = None, *, worker: Worker | None = None) -> GatewayApp:
     """The gateway as an ASGI app serving ``settings`` (engines must be started elsewhere).
 
     Its engines come from ``source``; by default the configured ones (launched here, or urls).
+    ``worker``: this app is one of several processes on the port (gateway/workers.py).
+    Raises ConfigError for unreadable or malformed access keys.
     """
+    kv_logs = {spec.base_url: Path(settings.launch.log_dir) / f"{spec.name}.log" for spec in settings.engine_specs()}
     gateway = Gateway(settings, source or FixedEndpoints(
-        prefill_urls=settings.endpoint_urls(Role.PREFILL), decode_urls=settings.endpoint_urls(Role.DECODE)))
+        prefill_urls=settings.endpoint_urls(Role.PREFILL), decode_urls=settings.endpoint_urls(Role.DECODE),
+        kv_logs=kv_logs),
+        load_access_keys(settings.gateway), worker=worker)
     routes = [
         Route("/v1/models", gateway.models, methods=["GET"]),
         Route("/health", gateway.health, methods=["GET"]),
+        Route("/health/live", gateway.live, methods=["GET"]),
+        Route("/health/ready", gateway.ready, methods=["GET"]),
         Route("/metrics", gateway.prometheus, methods=["GET"]),
     ]
-    rest = Starlette(routes=routes, lifespan=gateway.lifespan, exception_handlers={HTTPException: _http_error})
+    handlers = {HTTPException: _http_error, PdserveError: _pdserve_error, Exception: _pdserve_error}
+    rest = Starlette(routes=routes, lifespan=gateway.lifespan, exception_handlers=handlers)
     return GatewayApp(gateway, rest)
-
-
-def error_response(exc: PdserveError) -> tuple[int, bytes]:
-    """The one place that maps our exceptions to an HTTP status and OpenAI error JSON."""
-    if isinstance(exc, UpstreamRejected):
-        return exc.status, _as_openai_error(exc.body, exc.status)
-    if isinstance(exc, BadRequest):
-        return exc.status, error_body(exc.message, type_="invalid_request_error", param=exc.param, code=exc.code)
-    if isinstance(exc, NoHealthyEndpoint):
-        return 503, error_body(str(exc), type_="server_error", code="no_healthy_engine")
-    if isinstance(exc, LegFailed):
-        log.error("%s", exc)
-        return 504 if exc.is_timeout else 502, error_body(str(exc), type_="server_error", code=f"{exc.role.value}_failed")
-    log.exception("unexpected pdserve error", exc_info=exc)
-    return 500, error_body(str(exc), type_="server_error")
 
 
 async def _http_error(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = "not_found" if exc.status_code == 404 else "method_not_allowed" if exc.status_code == 405 else None
     return Response(error_body(exc.detail, type_="invalid_request_error", code=code),
-                    status_code=exc.status_code, media_type=JSON)
+                    status_code=exc.status_code, media_type=JSON, headers=exc.headers)
 
 
-def _parse_mode(header: bytes | None) -> Mode:
-    if header is None:
-        return Mode.PD
-    value = header.decode("latin-1")
-    try:
-        return Mode(value.strip().lower())
-    except ValueError:
-        raise BadRequest(f"{PD_MODE_HEADER} must be 'pd' or 'local', not {value!r}",
-                         param=PD_MODE_HEADER, code="invalid_header") from None
+async def _pdserve_error(_request: Request, exc: Exception) -> Response:
+    error = client_error(exc, request_id="")
+    return Response(error.body(), status_code=error.status, media_type=JSON, headers=dict(_error_headers(error)))
 
 
-def _header_map(scope: Scope) -> dict[bytes, bytes]:
-    """The request's headers by lower-case name (ASGI servers already lower-case them)."""
-    return dict(scope["headers"])
+def _authorization(request: Request) -> bytes | None:
+    value = request.headers.get("authorization")
+    return None if value is None else value.encode("latin-1")
 
 
-def _request_id(header: bytes | None) -> str:
-    """The client's X-Request-Id, or a fresh one; it goes into engine requests and logs."""
-    if header is None:
-        return uuid.uuid4().hex
-    if not _REQUEST_ID.fullmatch(header):
-        raise BadRequest(f"{REQUEST_ID_HEADER} must be 1-256 visible ASCII characters", param=REQUEST_ID_HEADER,
-                         code="invalid_header")
-    return header.decode("ascii")
+def _error_headers(error: ClientError) -> list[tuple[str, str]]:
+    """What tells a client how to come back: the auth scheme after a 401, a wait after a 429 or 503."""
+    if error.status == 401:
+        return [("www-authenticate", "Bearer")]
+    if error.retry_after_s is not None:
+        return [("retry-after", str(error.retry_after_s))]
+    return []
 
 
-async def _read_body(receive: Receive, headers: dict[bytes, bytes], *, limit: int) -> bytes:
-    """The request body, refusing (413) more than ``limit`` bytes without buffering them."""
-    too_large = BadRequest(f"request body exceeds {limit} bytes", status=413, code="request_too_large")
-    declared = headers.get(b"content-length", b"")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large
-    chunks, size, more_body = [], 0, True
-    while more_body:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnected()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
-        more_body = message.get("more_body", False)
-    return b"".join(chunks)
+async def _send_error(send: Send, error: ClientError, *, request_id: str) -> None:
+    extra = [(name.encode(), value.encode()) for name, value in _error_headers(error)]
+    if request_id:
+        extra.append((b"x-request-id", request_id.encode()))
+    await _send_whole(send, error.status, error.body(), extra_headers=tuple(extra))
 
 
 async def _send_reply(send: Send, reply: Reply, *, request_id: str) -> None:
@@ -255,8 +289,10 @@ async def _send_reply(send: Send, reply: Reply, *, request_id: str) -> None:
         return
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), *extra]})
+    message = {"type": "http.response.body", "body": b"", "more_body": True}  # one dict for every chunk
     async for chunk in reply.stream:
-        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        message["body"] = chunk
+        await send(message)
     await send({"type": "http.response.body", "body": b""})
 
 
@@ -266,15 +302,3 @@ async def _send_whole(
     headers = [(b"content-type", JSON.encode()), (b"content-length", b"%d" % len(body)), *extra_headers]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
-
-
-def _as_openai_error(body: bytes, status: int) -> bytes:
-    """Engines already answer in OpenAI error format; wrap anything else so clients can parse it."""
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        parsed = None
-    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
-        return body
-    message = parsed.get("message") if isinstance(parsed, dict) else body.decode(errors="replace")
-    return error_body(str(message or f"engine returned status {status}"), type_="invalid_request_error")

@@ -6,11 +6,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from pdserve.engines.kv_path import KvPath
+from pdserve.gateway.admission import Admission
+from pdserve.gateway.token_gaps import GapCounts, GapHistogram
 from pdserve.pd.transfer_stats import TransferCounters
 from pdserve.role import Role
+from pdserve.routing.pool import Pool
 
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TOKEN_GAP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -22,13 +26,15 @@ class ModeMetrics:
     """Histograms already bound to one mode's label, so the per-token path does no lookups."""
 
     ttft: Histogram
-    itl: Histogram
+    itl: GapCounts  # observed per relayed chunk: lock-free
     e2e: Histogram
 
 
 class GatewayMetrics:
-    def __init__(self) -> None:
+    def __init__(self, pool: Pool | None = None, admission: Admission | None = None) -> None:
         self.registry = CollectorRegistry()
+        if admission is not None:
+            self.registry.register(AdmissionCollector(admission))
         self.requests = Counter(
             "pdserve_requests", "Requests answered, by route, mode and HTTP status.",
             ["route", "mode", "status"], registry=self.registry,
@@ -37,10 +43,11 @@ class GatewayMetrics:
             "pdserve_time_to_first_token_seconds", "From request arrival to the first streamed token.",
             ["mode"], buckets=_LATENCY_BUCKETS_S, registry=self.registry,
         )
-        itl = Histogram(
+        itl = GapHistogram(
             "pdserve_inter_token_latency_seconds", "Gap between consecutive streamed chunks.",
-            ["mode"], buckets=_TOKEN_GAP_BUCKETS_S, registry=self.registry,
+            label="mode", values=MODES, buckets_s=_TOKEN_GAP_BUCKETS_S,
         )
+        self.registry.register(itl)
         e2e = Histogram(
             "pdserve_e2e_request_latency_seconds", "From request arrival to the last byte sent.",
             ["mode"], buckets=_LATENCY_BUCKETS_S, registry=self.registry,
@@ -54,7 +61,13 @@ class GatewayMetrics:
         self.legs = {role: leg.labels(role.value) for role in Role}
         self.kv_handoff = Histogram(
             "pdserve_kv_handoff_seconds",
-            "From prefill completion to the first token of the decode engine (KV pull + 1 step).",
+            "From prefill completion to the first token of the decode engine (queueing + KV pull + 1 step).",
+            buckets=_LATENCY_BUCKETS_S, registry=self.registry,
+        )
+        self.kv_handoff_queue = Histogram(
+            "pdserve_kv_handoff_queue_seconds",
+            "The part of a KV handoff not spent moving KV: the handoff less the decode engine's mean "
+            "transfer time in its last read window (queueing and steps in a busy engine).",
             buckets=_LATENCY_BUCKETS_S, registry=self.registry,
         )
         self.leg_failures = Counter(
@@ -62,18 +75,39 @@ class GatewayMetrics:
             ["role"], registry=self.registry,
         )
 
-        self.engine_kv = EngineKVCollector()
+        self.engine_kv = EngineKVCollector(pool)
         self.registry.register(self.engine_kv)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
-class EngineKVCollector(Collector):
-    """The decode engines' own KV-transfer counters, as last scraped, under pdserve's names."""
+class AdmissionCollector(Collector):
+    """Overload state (gateway/admission.py), read when scraped: the request path only counts ints."""
 
-    def __init__(self) -> None:
+    def __init__(self, admission: Admission) -> None:
+        self._admission = admission
+
+    def collect(self) -> Iterator[Metric]:
+        admission = self._admission
+        yield GaugeMetricFamily("pdserve_in_flight", "Requests holding a gateway slot (being served).",
+                                value=admission.in_flight)
+        yield GaugeMetricFamily("pdserve_queue_depth", "Requests waiting for a gateway or engine slot.",
+                                value=admission.queued)
+        rejected = CounterMetricFamily("pdserve_requests_rejected", "Requests refused with 429, by reason.",
+                                       labels=["reason"])
+        for reason, count in admission.rejected.items():
+            rejected.add_metric([reason.value], count)
+        yield rejected
+
+
+class EngineKVCollector(Collector):
+    """The decode engines' own KV-transfer counters, as last scraped, under pdserve's names, labelled with
+    the NIXL backend(s) and libfabric provider each engine logged (its endpoint in ``pool``)."""
+
+    def __init__(self, pool: Pool | None = None) -> None:
         self.latest: dict[str, TransferCounters] = {}
+        self._pool = pool
 
     def collect(self) -> Iterator[Metric]:
         fields = {
@@ -82,8 +116,10 @@ class EngineKVCollector(Collector):
             "transfers": ("pdserve_engine_kv_transfers", "KV transfers the decode engine completed."),
             "failed": ("pdserve_engine_kv_transfer_failures", "KV transfers the decode engine saw fail."),
         }
+        paths = {endpoint.url: endpoint.kv_path for endpoint in self._pool.all(Role.DECODE)} if self._pool else {}
         for field, (name, documentation) in fields.items():
-            family = CounterMetricFamily(name, documentation, labels=["endpoint"])
+            family = CounterMetricFamily(name, documentation, labels=["endpoint", "backend", "provider"])
             for url, counters in self.latest.items():
-                family.add_metric([url], getattr(counters, field))
+                path = paths.get(url, KvPath())
+                family.add_metric([url, ",".join(path.backends), path.provider], getattr(counters, field))
             yield family
