@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -44,6 +45,16 @@ async def until_ready(base: str, *, timeout_s: float = 5.0) -> None:
                     return
             await asyncio.sleep(0.02)
     raise AssertionError(f"{base} never became ready")
+
+
+@asynccontextmanager
+async def ready_gateway_over(fake: FakeEngine, **gateway: Any) -> AsyncIterator[str]:
+    """The gateway over HTTP with ``fake`` as its prefill and decode engine, once ready; yields its base URL."""
+    async with serving(fake.app(), free_port()) as url:
+        settings = gateway_settings(prefill=[url], decode=[url], **gateway)
+        async with serving(build_app(settings), settings.gateway.port) as base:
+            await until_ready(base)
+            yield base
 
 
 @pytest.fixture

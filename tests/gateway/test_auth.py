@@ -11,10 +11,8 @@ import aiohttp
 import pytest
 
 from pdserve.access import ADMIN_KEY_ENV, API_KEYS_ENV
-from pdserve.gateway.app import build_app
-from tests.conftest import free_port, serving
 from tests.fake_engine import FakeEngine
-from tests.gateway.test_app import MODEL, gateway_settings, until_ready
+from tests.gateway.test_app import MODEL, ready_gateway_over
 
 CLIENT_KEY, OTHER_CLIENT_KEY, ADMIN_KEY = "sk-client-0123456789abcdef", "sk-client-fedcba9876543210", "sk-admin-0123456789abcdef"
 ALL_KEYS = (CLIENT_KEY, OTHER_CLIENT_KEY, ADMIN_KEY)
@@ -31,12 +29,8 @@ async def gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytes
     monkeypatch.setenv(API_KEYS_ENV, OTHER_CLIENT_KEY)
     monkeypatch.setenv(ADMIN_KEY_ENV, ADMIN_KEY)
     caplog.set_level(logging.DEBUG)
-    fake = FakeEngine()
-    async with serving(fake.app(), free_port()) as url:
-        settings = gateway_settings(prefill=[url], decode=[url], api_keys_file=str(tmp_path / "keys"))
-        async with serving(build_app(settings), settings.gateway.port) as base:
-            await until_ready(base)
-            yield base
+    async with ready_gateway_over(FakeEngine(), api_keys_file=str(tmp_path / "keys")) as base:
+        yield base
     logged = caplog.text + "".join(str(record.args) for record in caplog.records)
     assert not [key for key in ALL_KEYS if key in logged], "a key reached the log"
 
@@ -83,11 +77,7 @@ async def test_probes_need_no_key(gateway: str) -> None:
 
 
 async def test_without_keys_everything_is_open_as_before() -> None:
-    fake = FakeEngine()
-    async with serving(fake.app(), free_port()) as url:
-        settings = gateway_settings(prefill=[url], decode=[url])
-        async with serving(build_app(settings), settings.gateway.port) as base:
-            await until_ready(base)
-            assert (await request(base, "POST", "/v1/completions"))[0] == 200
-            status, body, _ = await request(base, "GET", "/health")
+    async with ready_gateway_over(FakeEngine()) as base:
+        assert (await request(base, "POST", "/v1/completions"))[0] == 200
+        status, body, _ = await request(base, "GET", "/health")
     assert status == 200 and "engines" in body

@@ -17,7 +17,7 @@ from pdserve.routing.pool import Pool
 from pdserve.up import wait_ready
 from tests.conftest import free_port, serving
 from tests.fake_engine import FakeEngine
-from tests.gateway.test_app import MODEL, gateway_settings, until_ready
+from tests.gateway.test_app import MODEL, gateway_settings, ready_gateway_over
 
 
 async def get(base: str, path: str) -> tuple[int, dict[str, object], str | None]:
@@ -40,12 +40,9 @@ async def test_without_engines_the_gateway_is_live_but_not_ready_and_lists_no_mo
 
 async def test_ready_after_the_gateways_own_warm_up_went_through_both_legs() -> None:
     fake = FakeEngine()
-    async with serving(fake.app(), free_port()) as url:
-        settings = gateway_settings(prefill=[url], decode=[url])
-        async with serving(build_app(settings), settings.gateway.port) as base:
-            await until_ready(base)
-            status, body, _ = await get(base, "/health/ready")
-            models_status, _, _ = await get(base, "/v1/models")
+    async with ready_gateway_over(fake) as base:
+        status, body, _ = await get(base, "/health/ready")
+        models_status, _, _ = await get(base, "/v1/models")
     assert status == 200 and body["warm_up"] == "done" and models_status == 200
     prefill, decode = fake.bodies[:2]  # the warm-up: a prefill leg, then a decode leg with its KV params
     assert prefill["kv_transfer_params"]["do_remote_decode"] is True and "remote_block_ids" in decode["kv_transfer_params"]
