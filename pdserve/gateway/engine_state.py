@@ -11,6 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 _WAITING, _RUNNING = "vllm:num_requests_waiting", "vllm:num_requests_running"
 _TRANSFER_BUCKET = "vllm:nixl_xfer_time_seconds_bucket"  # NIXL's own timing of each transfer
+# The sample lines parse_engine_state reads (the gauges with their labels, not their *_by_reason kin).
+SAMPLE_PREFIXES = (_WAITING + "{", _RUNNING + "{", _TRANSFER_BUCKET)
 
 
 @dataclass(frozen=True, slots=True)

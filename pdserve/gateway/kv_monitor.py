@@ -17,20 +17,19 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from pdserve.config import GatewaySpec
+from pdserve.gateway.engine_state import SAMPLE_PREFIXES as STATE_SAMPLES
 from pdserve.gateway.engine_state import EngineState, parse_engine_state
 from pdserve.gateway.handoffs import Handoffs, HandoffTally
 from pdserve.gateway.metrics import EngineKVCollector
+from pdserve.pd.transfer_stats import SAMPLE_PREFIXES as COUNTER_SAMPLES
 from pdserve.pd.transfer_stats import TransferCounters, fetch_metrics_text, parse_counters
 from pdserve.role import Role
 from pdserve.routing.pool import Pool
 
 log = logging.getLogger(__name__)
-# The samples transfer_stats.parse_counters and parse_engine_state read. The parser takes tens of
-# ms for an engine's whole page (~50 KB), on the event loop that relays every token.
-READ_PREFIXES = (
-    "vllm:nixl_xfer_time_seconds_", "vllm:nixl_bytes_transferred_sum", "vllm:nixl_num_failed_transfers_total",
-    "vllm:num_requests_waiting{", "vllm:num_requests_running{", "vllm:prompt_tokens_by_source_total",
-)
+# Only the samples the two parsers read: the parser takes tens of ms for an engine's whole page
+# (~50 KB), on the event loop that relays every token.
+READ_PREFIXES = COUNTER_SAMPLES + STATE_SAMPLES
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,8 @@ _SAMPLES = {
     "vllm:nixl_num_failed_transfers_total": "failed",
 }
 _EXTERNAL_TOKENS = "vllm:prompt_tokens_by_source_total"
+# The sample lines parse_counters reads: a caller may keep only these before parsing a large page.
+SAMPLE_PREFIXES = (*_SAMPLES, _EXTERNAL_TOKENS)
 
 
 @dataclass(frozen=True, slots=True)
