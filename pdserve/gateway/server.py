@@ -20,6 +20,7 @@ import uvicorn
 import uvloop
 from starlette.types import ASGIApp
 
+from pdserve.access import load_access_keys
 from pdserve.config import Settings
 from pdserve.errors import EngineStartFailed
 from pdserve.gateway.app import build_app
@@ -39,10 +40,10 @@ class GatewayServer(Protocol):
 def make_gateway_server(settings: Settings, *, handle_signals: bool = False) -> GatewayServer:
     """The configured gateway: one uvicorn server here, or ``gateway.workers`` processes."""
     spec = settings.gateway
-    app = build_app(settings)  # raises ConfigError here, before any worker starts, on bad access keys
     if spec.workers > 1:
+        load_access_keys(spec)  # raises ConfigError here, before any worker starts, on bad access keys
         return GatewayWorkers(settings, handle_signals=handle_signals)
-    return make_server(app, host=spec.host, port=spec.port, handle_signals=handle_signals)
+    return make_server(build_app(settings), host=spec.host, port=spec.port, handle_signals=handle_signals)
 
 
 def make_server(app: ASGIApp, *, host: str, port: int, handle_signals: bool = False) -> uvicorn.Server:
