@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test unit e2e lint clean
+.PHONY: setup demo test unit e2e lint browser clean
 
 setup: $(STAMP)
 
@@ -30,7 +30,16 @@ unit: $(STAMP)
 e2e: $(STAMP)
 	$(BIN)/pytest -m e2e
 
-test: $(STAMP) lint
+# The live page's test (tests/gateway/test_dashboard_page.py) drives Debian's headless Chromium.
+# As root (CI) install it when missing; elsewhere say so, and that test skips with the reason.
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; \
+	else echo "make browser: chromium or chromedriver missing and not root: the browser test will skip" \
+		"(sudo apt-get install chromium chromium-driver)"; fi
+
+test: $(STAMP) lint browser
 	$(BIN)/pytest
 
 clean:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,6 +22,7 @@ from pdserve.deploy.cloud_cli import cloud_app
 from pdserve.deploy.ray_cli import ray_app
 from pdserve.deploy.render_cli import render_app
 from pdserve.errors import PdserveError
+from pdserve.logs import progress_printer
 
 app = typer.Typer(
     help="Serve an LLM with prefill/decode disaggregation behind one OpenAI-compatible endpoint.",
@@ -33,8 +35,18 @@ app.add_typer(render_app, name="render")
 app.add_typer(cloud_app, name="cloud")
 app.add_typer(ray_app, name="ray")
 
+
+class LogFormatChoice(StrEnum):
+    """``--log-format``'s values (launch.log_format)."""
+
+    TEXT = "text"
+    JSON = "json"
+
+
 PortOption = Annotated[int | None, typer.Option(help="Gateway port (overrides gateway.port).")]
 HostOption = Annotated[str | None, typer.Option(help="Gateway address (overrides gateway.host).")]
+LogFormatOption = Annotated[LogFormatChoice | None, typer.Option(
+    help="pdserve's log lines: text, or json = one object per line (overrides launch.log_format).")]
 
 
 def main() -> None:
@@ -43,12 +55,15 @@ def main() -> None:
 
 
 @app.command()
-def up(config: ConfigOption = None, port: PortOption = None, host: HostOption = None) -> None:
+def up(config: ConfigOption = None, port: PortOption = None, host: HostOption = None,
+       log_format: LogFormatOption = None) -> None:
     """Start prefill and decode engines and the gateway; with no flags, the CPU demo."""
     from pdserve.up import run_up
 
-    settings = _settings(config, **{"gateway.port": port, "gateway.host": host})
-    _run(run_up(settings, progress=_progress))
+    settings = _settings(config, **{"gateway.port": port, "gateway.host": host,
+                                    "launch.log_format": log_format and log_format.value})
+    log = settings.launch.log_format
+    _run(run_up(settings, progress=progress_printer(log)), log_format=log)
 
 
 @app.command()
@@ -59,20 +74,23 @@ def serve(
     port: PortOption = None,
     host: HostOption = None,
     workers: Annotated[int | None, typer.Option(help="Gateway processes (overrides gateway.workers).")] = None,
+    log_format: LogFormatOption = None,
 ) -> None:
     """Run only the gateway, in front of engines that are already running."""
     from pdserve.gateway.server import make_gateway_server
 
-    flags: dict[str, Any] = {"gateway.port": port, "gateway.host": host, "gateway.workers": workers}
+    flags: dict[str, Any] = {"gateway.port": port, "gateway.host": host, "gateway.workers": workers,
+                             "launch.log_format": log_format and log_format.value}
     if prefill_url:
         flags |= {"prefill.urls": prefill_url, "prefill.engines": 0}
     if decode_url:
         flags |= {"decode.urls": decode_url, "decode.engines": 0}
     settings = _settings(config, **flags)
     server = make_gateway_server(settings, handle_signals=True)
-    _progress(f"gateway on http://{settings.gateway.host}:{settings.gateway.port}/v1 "
-              f"({settings.gateway.workers} process{'es' if settings.gateway.workers > 1 else ''})")
-    _run(server.serve())
+    log = settings.launch.log_format
+    progress_printer(log)(f"gateway on http://{settings.gateway.host}:{settings.gateway.port}/v1 "
+                          f"({settings.gateway.workers} process{'es' if settings.gateway.workers > 1 else ''})")
+    _run(server.serve(), log_format=log)
 
 
 @app.command()
@@ -100,6 +118,26 @@ def verify(
     print(reports_json(reports) if as_json else format_reports(reports), flush=True)
     if not is_healthy(reports):
         raise typer.Exit(1)
+
+
+@app.command()
+def status(
+    config: ConfigOption = None,
+    gateway_url: Annotated[str | None, typer.Option(help="The gateway (default: gateway.host and port).")] = None,
+    timeout_s: Annotated[float, typer.Option("--timeout-s", min=0.1, help="Give up after this long.")] = 10.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """The running gateway's engines: role, address, health, load, prefix-cache hit rate, legs routed."""
+    from pdserve.access import load_access_keys
+    from pdserve.cli_config import exit_on_errors
+    from pdserve.status import fetch_rows, format_json, format_rows
+
+    settings = _settings(config)
+    host = "127.0.0.1" if settings.gateway.host in ("0.0.0.0", "::") else settings.gateway.host
+    with exit_on_errors():
+        rows = asyncio.run(fetch_rows(gateway_url or f"http://{host}:{settings.gateway.port}",
+                                      headers=load_access_keys(settings.gateway).headers(), timeout_s=timeout_s))
+    print(format_json(rows) if as_json else format_rows(rows), flush=True)
 
 
 @app.command("demo-model")

@@ -18,9 +18,9 @@ from typing import Annotated, Any, NoReturn
 import typer
 import uvloop
 
-from pdserve.config import Settings, load_settings
+from pdserve.config import LogFormat, Settings, load_settings
 from pdserve.errors import ConfigError, PdserveError
-from pdserve.logs import logging_off_the_loop
+from pdserve.logs import error_line, logging_off_the_loop
 
 ConfigOption = Annotated[
     Path | None, typer.Option("--config", "-c", help="YAML configuration file (see `pdserve config example`).")
@@ -39,9 +39,10 @@ def settings_or_exit(config: Path | None, **flags: Any) -> Settings:
         exit_on_config_error(exc)
 
 
-def exit_on_config_error(exc: ConfigError) -> NoReturn:
-    """Print ``exc`` as one ``error:`` line on stderr and exit 2, as every command does for bad config."""
-    print(f"error: {exc}", file=sys.stderr)
+def exit_on_config_error(exc: ConfigError, *, log_format: LogFormat = "text") -> NoReturn:
+    """Print ``exc`` as one ``error:`` line (or JSON object) on stderr and exit 2, as every command
+    does for bad config."""
+    print(error_line(str(exc), log_format), file=sys.stderr)
     raise typer.Exit(2) from exc
 
 
@@ -51,18 +52,20 @@ def progress(line: str) -> None:
 
 
 @contextmanager
-def exit_on_errors() -> Iterator[None]:
-    """Our errors become one ``error:`` line: exit 2 for bad configuration, 1 for the rest."""
+def exit_on_errors(*, log_format: LogFormat = "text") -> Iterator[None]:
+    """Our errors become one ``error:`` line (or JSON object): exit 2 for bad configuration, 1 for the rest."""
     try:
         yield
     except ConfigError as exc:
-        exit_on_config_error(exc)
+        exit_on_config_error(exc, log_format=log_format)
     except PdserveError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(error_line(str(exc), log_format), file=sys.stderr)
         raise typer.Exit(1) from exc
 
 
-def run_or_exit(work: Coroutine[Any, Any, None]) -> None:
-    """Run ``work`` on uvloop, with our errors turned into one readable line and an exit code."""
-    with exit_on_errors(), logging_off_the_loop(logging.INFO), asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+def run_or_exit(work: Coroutine[Any, Any, None], *, log_format: LogFormat = "text") -> None:
+    """Run ``work`` on uvloop, logging as ``log_format``, with our errors turned into one readable
+    line and an exit code."""
+    with exit_on_errors(log_format=log_format), logging_off_the_loop(logging.INFO, log_format=log_format), \
+            asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(work)

@@ -108,14 +108,22 @@ class KVTransferSpec(_Frozen):
         "KV block size in tokens (--block-size); auto = 128 on GPU engines (8x fewer NIXL descriptors per "
         "handoff than vLLM's 16), vLLM's own default on CPU"))
     side_channel_base_port: int = Field(5600, ge=1, le=65535)
+    load_failure_policy: Literal["recompute", "fail"] = Field("recompute", description=(
+        "what a decode engine does when its KV pull fails (vLLM kv_load_failure_policy): recompute the "
+        "prompt itself, or fail the request"))
 
 
 class GatewaySpec(_Frozen):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     connect_timeout_s: float = Field(5.0, gt=0)
+    # Deadlines per phase: past one, the leg is aborted on its engine (its connection closed), then
+    # retried elsewhere where nothing reached the client yet, else reported (504 or an SSE error).
     prefill_timeout_s: float = Field(300.0, gt=0, description="whole prefill leg")
-    decode_idle_timeout_s: float = Field(120.0, gt=0, description="max silence on decode stream")
+    first_token_timeout_s: float = Field(120.0, gt=0, description=(
+        "from sending the decode leg to its first byte: the KV pull and the wait in a busy engine's queue"))
+    decode_idle_timeout_s: float = Field(30.0, gt=0, description="longest silence between tokens once they flow")
+    request_timeout_s: float = Field(3600.0, gt=0, description="whole request, first byte to last token")
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, description="larger request bodies get 413")
     max_header_bytes: int = Field(16 * 1024, gt=0, description="request line and headers together; more gets 431")
     api_keys_file: str = Field("", description=(
@@ -123,6 +131,15 @@ class GatewaySpec(_Frozen):
     admin_key_file: str = Field("", description=(
         "the admin key (or PDSERVE_ADMIN_KEY): needed, once any key is set, for /health's engine listing"))
     leg_attempts: int = Field(2, ge=1, description="endpoints tried per leg before failing")
+    local_fallback: bool = Field(True, description=(
+        "when no prefill engine could prefill a request, the decode engine prefills it itself (no error)"))
+    resume_streams: bool = Field(True, description=(
+        "a stream whose decode engine fails mid-generation goes on from another decode engine "
+        "(not for seeded sampling, guided decoding or tool calls: those end with an error event)"))
+    eject_after_failures: int = Field(3, ge=1, description=(
+        "failed legs in a row that take an engine out of rotation, even while its /health answers"))
+    eject_for_s: float = Field(5.0, gt=0, description="first pause of an ejected engine, doubled per ejection in a row")
+    eject_max_s: float = Field(60.0, gt=0, description="longest pause of an ejected engine")
     health_interval_s: float = Field(2.0, gt=0)
     health_timeout_s: float = Field(5.0, gt=0, description="a busy engine answers /health slowly")
     unhealthy_after_failures: int = Field(3, ge=1, description="failed probes in a row to eject")
@@ -147,14 +164,64 @@ class GatewaySpec(_Frozen):
     max_queued: int = Field(1024, ge=0, description=(
         "requests one gateway process lets wait for a slot; more get 429 at once (0: no queue)"))
     queue_timeout_s: float = Field(30.0, gt=0, description="longest wait for a slot before a 429")
+    otlp_traces_endpoint: str = Field("", pattern=r"^(https?://\S+)?$", description=(
+        "OTLP/HTTP traces URL, e.g. http://127.0.0.1:4318/v1/traces: the gateway exports a span tree per request "
+        "and the engines it launches join it (vLLM --otlp-traces-endpoint); empty = off"))
+
+
+class RoutingSpec(_Frozen):
+    """Which engines serve a request, and whether disaggregating it pays (docs/routing.md)."""
+
+    disaggregation: Literal["auto", "always", "never"] = Field("always", description=(
+        "always = every request through a prefill engine; auto = per request: prefill on the decode engine "
+        "where disaggregating does not pay (docs/routing.md); never = decode engines do both phases. "
+        "X-PD-Mode overrides"))
+    chars_per_token: float = Field(4.0, gt=0, description="prompt tokens are estimated from characters at this rate")
+    prefix_chunk_chars: int = Field(256, ge=16, description=(
+        "prompts are hashed in chunks of this many characters to estimate what each engine has cached"))
+    prefix_cache_tokens: int = Field(262144, ge=1, description=(
+        "an engine's prefix cache in tokens, until its /metrics reports the size of its KV cache"))
+    cached_tokens_per_request: float = Field(1024.0, gt=0, description=(
+        "decode cost: this many prompt tokens cached on an engine weigh as much as one more request on it"))
+    waiting_weight: float = Field(1.0, ge=0, description=(
+        "decode cost: what a request waiting in an engine's queue weighs on top of being a request"))
+    kv_usage_weight: float = Field(4.0, ge=0, description=(
+        "decode cost: a full KV cache weighs as much as this many requests (a fuller cache preempts sooner)"))
+    kv_usage_full: float = Field(0.95, gt=0, le=1, description=(
+        "a decode engine whose KV cache is this full gets no request while another has room"))
+    local_max_uncached_tokens: int = Field(512, ge=0, description=(
+        "auto: a prompt with at most this many tokens not cached on its decode engine is prefilled there"))
+    prefill_saturated_tokens: int = Field(16384, ge=1, description=(
+        "a prefill engine with this many uncached prompt tokens queued by this gateway process is saturated"))
+    prefill_saturated_waiting: int = Field(4, ge=1, description=(
+        "so is one with this many requests waiting in its scheduler (every gateway process's)"))
+    decode_room_kv_usage: float = Field(0.7, gt=0, le=1, description=(
+        "auto: while every prefill engine is saturated, a decode engine with no request waiting and its KV "
+        "cache less full than this prefills the prompt itself"))
+    load_scrape_interval_s: float = Field(1.0, gt=0, description="how often engines' load is read from their /metrics")
+    load_max_age_s: float = Field(10.0, gt=0, description=(
+        "an engine load read longer ago than this is ignored: routing uses this gateway's own counts"))
+
+    @model_validator(mode="after")
+    def _check_load_age(self) -> RoutingSpec:
+        if self.load_max_age_s <= self.load_scrape_interval_s:
+            raise ValueError("load_max_age_s must exceed load_scrape_interval_s, or every read is stale")
+        return self
 
 
 MpsMode = Literal["auto", "on", "off"]
+LogFormat = Literal["text", "json"]
+DEFAULT_LOG_ROOT = Path(".pdserve/logs")
 
 
 class LaunchSpec(_Frozen):
     ready_timeout_s: float = Field(900.0, gt=0, description="per engine, load + warm-up")
-    log_dir: str = Field(".pdserve/logs", description="one log file per engine")
+    log_dir: str = Field("", description=(
+        "engine log files, one per engine; empty = .pdserve/logs/gateway-<gateway.port>, so two deployments "
+        "started from one folder never share one"))
+    log_format: LogFormat = Field("text", description=(
+        "pdserve's own log lines on stderr (`up`, `serve`): text, or json = one object per line with "
+        "request_id, role, endpoint and timings as fields (--log-format)"))
     max_restarts: int = Field(5, ge=0, description="per engine, before giving up")
     python: str = Field("", description="interpreter for engines; empty = this one")
     engine_host: str = Field("127.0.0.1", description="address engines bind to")
@@ -198,7 +265,9 @@ class KubernetesSpec(_Frozen):
         "nodeSelector for the CPU-only head (Ray head, gateway)"))
     shm_gib: float = Field(16.0, gt=0, description="/dev/shm per engine pod (NCCL, vLLM workers)")
     pod_monitor: bool = Field(True, description=(
-        "render a PodMonitor for the gateway's /metrics (needs the Prometheus Operator's CRDs)"))
+        "render PodMonitors for the gateway's and the engines' /metrics (needs the Prometheus Operator's CRDs)"))
+    grafana_dashboard: bool = Field(True, description=(
+        "render pdserve's Grafana dashboard as a ConfigMap labelled grafana_dashboard: \"1\" for Grafana's sidecar"))
 
 
 class EksSpec(_Frozen):
@@ -254,6 +323,7 @@ class Settings(_Frozen):
     decode: PoolSpec = PoolSpec(base_port=DECODE_BASE_PORT)
     kv: KVTransferSpec = KVTransferSpec()
     gateway: GatewaySpec = GatewaySpec()
+    routing: RoutingSpec = RoutingSpec()
     launch: LaunchSpec = LaunchSpec()
     ray: RaySpec = RaySpec()
     kubernetes: KubernetesSpec = KubernetesSpec()
@@ -312,6 +382,12 @@ class Settings(_Frozen):
         for spec in self.engine_specs():
             ports += [spec.port, spec.side_channel_port]
         return ports
+
+    @property
+    def engine_log_dir(self) -> Path:
+        """Where engines of this deployment log: ``launch.log_dir``, else a folder of its own named
+        by the gateway port, which no other deployment on this host can hold at the same time."""
+        return Path(self.launch.log_dir) if self.launch.log_dir else DEFAULT_LOG_ROOT / f"gateway-{self.gateway.port}"
 
     @property
     def demo_model_dir(self) -> Path:

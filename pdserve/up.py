@@ -107,11 +107,15 @@ async def wait_ready(session: aiohttp.ClientSession, base_url: str, progress: Ca
     Raises EngineStartFailed if the warm-up failed or the gateway is not ready within ``timeout_s``.
     """
     started_s = time.monotonic()
+    state: dict[str, object] = {"warm_up": "no answer yet"}
     while True:
-        async with session.get(f"{base_url}/health/ready", timeout=aiohttp.ClientTimeout(total=10)) as reply:
-            if reply.status == 200:
-                break
-            state = await reply.json(content_type=None)
+        try:
+            async with session.get(f"{base_url}/health/ready", timeout=aiohttp.ClientTimeout(total=10)) as reply:
+                if reply.status == 200:
+                    break
+                state = await reply.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError) as exc:  # a gateway busy warming up may answer late
+            state = {"warm_up": f"no answer: {exc!r}"}
         if state.get("warm_up") == "failed":
             raise EngineStartFailed(f"warm-up request failed: {state.get('warm_up_error')}")
         if time.monotonic() - started_s > timeout_s:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from starlette.applications import Starlette
 
@@ -20,12 +22,18 @@ def free_port() -> int:
 
 
 def free_port_block(count: int) -> int:
-    """The first of ``count`` consecutive free ports (engines use base_port + index)."""
-    for _ in range(100):
-        base = free_port()
-        if base + count < 65536 and all(_is_free(base + offset) for offset in range(1, count)):
+    """The first of ``count`` consecutive free ports (engines use base_port + index).
+
+    Between Ray's worker ports and the kernel's ephemeral range: vLLM binds its internal sockets to
+    ports the kernel picks from that range while engines start, and one once took a port given to a
+    NIXL side channel.
+    """
+    low, _ = (int(part) for part in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    for _ in range(200):
+        base = random.randrange(20000, low - count)  # Ray's workers take 10002-19999 by default
+        if all(_is_free(base + offset) for offset in range(count)):
             return base
-    raise RuntimeError(f"no {count} consecutive free ports")
+    raise RuntimeError(f"no {count} consecutive free ports below {low}")
 
 
 def _is_free(port: int) -> bool:

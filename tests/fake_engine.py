@@ -14,6 +14,10 @@ from starlette.routing import Route
 
 KV_PARAMS = {"remote_engine_id": "fake", "remote_block_ids": [3, 4], "remote_host": "127.0.0.1", "remote_port": 1}
 WORDS = ["Hello", " there", ",", " friend", "."]
+# vLLM's /v1/models card (vllm/entrypoints/serve/engine/protocol.py ModelCard), as the demo engines give it.
+MODEL_CARD = {"id": "pdserve-demo", "object": "model", "created": 1764000000, "owned_by": "vllm",
+              "root": "/models/pdserve-demo", "parent": None, "max_model_len": 2048,
+              "permission": [{"id": "modelperm-1", "object": "model_permission", "allow_sampling": True}]}
 
 
 @dataclass
@@ -21,6 +25,7 @@ class FakeEngine:
     """Records every body it receives; knobs make it misbehave on purpose."""
 
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)  # of each body's request, lower-case names
     reject_status: int | None = None  # answer every request with this status
     reject_message: str = "prompt too long"
     break_stream_after: int | None = None  # drop the connection after N chunks
@@ -28,19 +33,34 @@ class FakeEngine:
     streams_closed_early: int = 0
     metrics_text: str = ""  # what GET /metrics answers (vLLM's Prometheus text)
     decode_gate: asyncio.Event | None = None  # when given, decode requests wait for it before answering
+    model_card: dict[str, Any] | None = field(default_factory=lambda: dict(MODEL_CARD))  # None: /v1/models is 404
+    models_requests: int = 0
+    served_model: str = "pdserve-demo"  # any other model gets vLLM's 404
 
     def app(self) -> Starlette:
         routes = [
             Route("/v1/completions", self._complete, methods=["POST"]),
             Route("/v1/chat/completions", self._complete, methods=["POST"]),
             Route("/health", lambda _request: Response(), methods=["GET"]),
+            Route("/v1/models", self._models, methods=["GET"]),
             Route("/metrics", lambda _request: Response(self.metrics_text, media_type="text/plain"), methods=["GET"]),
         ]
         return Starlette(routes=routes)
 
+    async def _models(self, _request: Request) -> Response:
+        self.models_requests += 1
+        if self.model_card is None:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        return JSONResponse({"object": "list", "data": [self.model_card]})
+
     async def _complete(self, request: Request) -> Response:
         body = json.loads(await request.body())
         self.bodies.append(body)
+        self.headers.append(dict(request.headers))
+        if body.get("model") != self.served_model:
+            error = {"message": f"The model `{body.get('model')}` does not exist.", "type": "NotFoundError",
+                     "param": "model", "code": 404}
+            return JSONResponse({"error": error}, status_code=404)
         if self.reject_status:
             error = {"message": self.reject_message, "type": "BadRequestError", "param": None, "code": 400}
             return JSONResponse({"error": error}, status_code=self.reject_status)
@@ -49,16 +69,20 @@ class FakeEngine:
         if self.decode_gate is not None:
             await self.decode_gate.wait()
         if body.get("stream"):
-            return StreamingResponse(self._sse(), media_type="text/event-stream")
+            return StreamingResponse(self._sse(is_chat=request.url.path.endswith("/chat/completions")),
+                                     media_type="text/event-stream")
         return JSONResponse({"choices": [{"text": "".join(WORDS)}], "usage": {"completion_tokens": len(WORDS)}})
 
-    async def _sse(self):  # type: ignore[no-untyped-def]
+    async def _sse(self, *, is_chat: bool):  # type: ignore[no-untyped-def]
         try:
+            if is_chat:  # vLLM opens a chat stream with the role, as OpenAI does
+                yield f"data: {json.dumps({'choices': [{'delta': {'role': 'assistant', 'content': ''}}]})}\n\n".encode()
             for index, word in enumerate(WORDS):
                 if self.break_stream_after is not None and index == self.break_stream_after:
                     raise ConnectionResetError("fake engine died")
                 await asyncio.sleep(self.token_delay_s)
-                yield f"data: {json.dumps({'choices': [{'text': word}]})}\n\n".encode()
+                choice = {"delta": {"content": word}} if is_chat else {"text": word}
+                yield f"data: {json.dumps({'choices': [choice]})}\n\n".encode()
             yield b"data: [DONE]\n\n"
         except (asyncio.CancelledError, GeneratorExit):
             self.streams_closed_early += 1

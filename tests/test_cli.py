@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+from tests.conftest import free_port
 
 
 def pdserve(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -31,3 +37,35 @@ def test_bench_compare_with_an_unknown_way_exits_2_before_any_start(tmp_path: Pa
     result = pdserve("bench", "compare", "--ways", "aggregated,sideways", cwd=tmp_path)
     assert result.returncode == 2 and "direct,aggregated,disaggregated" in result.stderr
     assert not (tmp_path / ".pdserve").exists()
+
+
+def test_serve_with_log_format_json_writes_only_json_objects(tmp_path: Path) -> None:
+    """Every line on stdout and stderr, from start-up to a SIGTERM, is one JSON object."""
+    dead = f"http://127.0.0.1:{free_port()}"  # no engine: the health probe logs it unreachable
+    command = [sys.executable, "-m", "pdserve", "serve", "--prefill-url", dead, "--decode-url", dead,
+               "--port", str(free_port()), "--workers", "1", "--log-format", "json"]
+    with subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as server:
+        try:
+            time.sleep(4.0)
+        finally:
+            server.send_signal(signal.SIGTERM)
+            stdout, stderr = server.communicate(timeout=30)
+    lines = [json.loads(line) for line in (stdout + stderr).splitlines()]
+    assert lines[0]["message"].startswith("gateway on http://127.0.0.1:")
+    assert any(line["level"] == "WARNING" and dead in line["message"] for line in lines), lines
+
+
+def test_an_unknown_log_format_exits_2(tmp_path: Path) -> None:
+    result = pdserve("serve", "--log-format", "xml", cwd=tmp_path)
+    assert result.returncode == 2 and "xml" in result.stderr
+
+
+def test_up_failing_to_start_says_why_in_one_json_object_in_json_format(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = pdserve("up", "--port", str(port), "--log-format", "json", cwd=tmp_path)
+    assert result.returncode == 2
+    (line,) = [json.loads(text) for text in result.stderr.splitlines()]
+    assert line["level"] == "ERROR" and "ports already in use" in line["message"] and str(port) in line["message"]

@@ -77,3 +77,18 @@ def test_engine_urls_must_be_plain_http_origins() -> None:
     for bad in ("https://10.0.0.5:8100", "10.0.0.5:8100", "http://10.0.0.5:8100/v1"):
         with pytest.raises(ConfigError, match="prefill.urls"):
             parse_settings({"prefill": {"engines": 0, "urls": [bad]}}, source="test")
+
+
+def test_each_deployment_logs_engines_to_a_folder_of_its_own_by_default() -> None:
+    first, second = (parse_settings({"gateway": {"port": port}}, source="t") for port in (8000, 9000))
+    assert first.engine_log_dir == Path(".pdserve/logs/gateway-8000")
+    assert second.engine_log_dir == Path(".pdserve/logs/gateway-9000")
+    assert parse_settings({"launch": {"log_dir": "/var/log/pdserve"}}, source="t").engine_log_dir == Path(
+        "/var/log/pdserve")
+
+
+def test_log_format_is_text_or_json() -> None:
+    assert parse_settings({}, source="t").launch.log_format == "text"
+    assert parse_settings({"launch": {"log_format": "json"}}, source="t").launch.log_format == "json"
+    with pytest.raises(ConfigError, match=r"launch\.log_format"):
+        parse_settings({"launch": {"log_format": "xml"}}, source="t")

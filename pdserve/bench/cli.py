@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -88,8 +89,9 @@ def run(
 @bench_app.command()
 def compare(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML configuration (default: CPU demo).")] = None,
-    ways: Annotated[str, typer.Option(help="Which of direct,aggregated,disaggregated to run.")] = (
-        "direct,aggregated,disaggregated"),
+    ways: Annotated[str, typer.Option(help=(
+        "Which of direct,aggregated,disaggregated,auto to run (auto: the gateway decides per request, "
+        "on the gateway port + 1)."))] = "direct,aggregated,disaggregated,auto",
     rate: RateOption = "1,2,4",
     duration: DurationOption = 15.0,
     input_tokens: InputOption = "128",
@@ -99,7 +101,7 @@ def compare(
     base_port: Annotated[int, typer.Option(help="Gateway port; engines at +10.., side channels at 5610..")] = 8300,
     out: OutOption = None,
 ) -> None:
-    """Start the engines, then run one workload direct, aggregated and disaggregated, side by side."""
+    """Start the engines, then run one workload direct, aggregated, disaggregated and auto, side by side."""
     from pdserve.bench.compare import run_compare
     from pdserve.bench.progress import request_bar
 
@@ -138,22 +140,35 @@ def overhead(
     rounds: Annotated[int, typer.Option(help="Alternating windows per path (ABBA order).")] = 2,
     repeats: Annotated[int, typer.Option(help="Runs of each stream count.")] = 1,
     gateway_workers: Annotated[int | None, typer.Option(help="Gateway processes (default: gateway.workers's).")] = None,
+    load_processes: Annotated[int | None, typer.Option(help=(
+        "Load generator processes, each with a share of the streams (default: one per 256 streams of the "
+        "largest count, on at most half the cores)."), min=1)] = None,
+    upstreams: Annotated[int | None, typer.Option(help=(
+        "Synthetic engine processes, each on its own port (default: one per 512 streams of the largest "
+        "count, on at most a quarter of the cores)."), min=1)] = None,
     log_dir: Annotated[Path, typer.Option(help="Logs of the upstream and gateway processes.")] = Path(
         ".pdserve/bench-overhead"),
 ) -> None:
-    """The gateway's own cost: a synthetic engine direct vs through the gateway, in alternating windows,
-    with each process's CPU (the gateway's per relayed chunk) and, over a sweep, the knee.
+    """The gateway's own cost: synthetic engines direct vs through the gateway, in alternating windows,
+    with each part's CPU (the gateway's per relayed chunk) and, over a sweep, the knee. The load
+    generator and the synthetic engines run in as many processes as the streams need.
 
     The last line printed is one JSON object: per point ttft_p50_added_ms, itl_p99_added_ms,
     throughput_ratio, gateway_cpu_us_per_chunk, cores busy; and knee_streams.
     """
-    from pdserve.bench.overhead import OverheadPlan, knee_streams, measure_sweep, saturated
+    from pdserve.bench.load_processes import default_load_processes
+    from pdserve.bench.overhead import OverheadPlan, default_upstreams, knee_streams, measure_sweep, saturated
 
     levels = _checked(lambda: _stream_levels(streams))
+    cores = len(os.sched_getaffinity(0))
     plan = OverheadPlan(output_tokens=output_tokens, tokens_per_s=tokens_per_s, ttft_s=ttft_ms / 1000,
-                        duration_s=duration, rounds=rounds, gateway_workers=gateway_workers)
+                        duration_s=duration, rounds=rounds, gateway_workers=gateway_workers,
+                        load_processes=load_processes or default_load_processes(max(levels), cores=cores),
+                        upstreams=upstreams or default_upstreams(max(levels), cores=cores))
     _say(f"{','.join(map(str, levels))} streams x {output_tokens} tokens at {tokens_per_s:g} tok/s, TTFT {ttft_ms:g} ms; "
-         f"{duration:g} s steady per path in {rounds} rounds, {repeats} run(s) per point")
+         f"{duration:g} s steady per path in {rounds} rounds, {repeats} run(s) per point; {cores} cores: "
+         f"{plan.load_processes} load process(es), {plan.upstreams} synthetic engine(s), "
+         f"gateway workers {gateway_workers or 'default'}")
     results = _run(measure_sweep(levels, plan, repeats=repeats, log_dir=log_dir, progress=_say))
     _say("")
     for result in results:

@@ -4,6 +4,7 @@ of serving with them, interleaved level by level:
   direct         whole requests to a single engine
   aggregated     whole requests spread round-robin over all the engines
   disaggregated  pdserve's gateway: prefill on the prefill engines, decode on the decode engines
+  auto           pdserve's gateway deciding per request (routing.disaggregation: auto), on the next port
 
 Every engine runs with its KV connector; whole requests simply never use it. The decode engines'
 own transfer counters over the whole sweep give the KV handoff bandwidth under load; the gateway's
@@ -45,6 +46,11 @@ class Way(StrEnum):
     DIRECT = "direct"
     AGGREGATED = "aggregated"
     DISAGGREGATED = "disaggregated"
+    AUTO = "auto"
+
+
+# The ways served through a gateway of their own, with the routing.disaggregation each runs with.
+_GATEWAY_WAYS = {Way.DISAGGREGATED: "always", Way.AUTO: "auto"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,27 +80,39 @@ async def run_compare(
     async with aiohttp.ClientSession() as session:
         await supervisor.start_all(session)
         try:
-            async with _serving_gateway(settings) as gateway_url:
-                targets = _targets(settings, gateway_url, ways)
+            async with contextlib.AsyncExitStack() as gateways:
+                gateway_urls = {way: await gateways.enter_async_context(_serving_gateway(_gateway_settings(settings, way, n)))
+                                for n, way in enumerate(way for way in _GATEWAY_WAYS if way in ways)}
+                targets = _targets(settings, gateway_urls, ways)
+                gateway_url = next(iter(gateway_urls.values()), "")  # the legs' times come from the first
                 await warm_up_targets(targets, prompts=prompts, model=settings.model.served_name)
                 decode_urls = settings.endpoint_urls(Role.DECODE)
                 before = await _kv_counters(session, decode_urls)
-                legs_before = await fetch_leg_times(session, gateway_url, timeout_s=10.0)
+                legs_before = await fetch_leg_times(session, gateway_url, timeout_s=10.0) if gateway_url else None
                 points = await sweep(targets, loads, workload=workload, slo=slo, timeout_s=timeout_s, progress=bar)
                 kv = (await _kv_counters(session, decode_urls)).since(before)
-                legs = (await fetch_leg_times(session, gateway_url, timeout_s=10.0)).since(legs_before)
-                return CompareResult(points=points, kv=kv, legs=legs if Way.DISAGGREGATED in ways else None)
+                legs = None if legs_before is None else (
+                    await fetch_leg_times(session, gateway_url, timeout_s=10.0)).since(legs_before)
+                return CompareResult(points=points, kv=kv, legs=legs)
         finally:
             progress("stopping engines ...")
             await supervisor.stop_all()
 
 
-def _targets(settings: Settings, gateway_url: str, ways: Sequence[Way]) -> list[runner.Target]:
+def _targets(settings: Settings, gateway_urls: dict[Way, str], ways: Sequence[Way]) -> list[runner.Target]:
     prefill, decode = settings.endpoint_urls(Role.PREFILL), settings.endpoint_urls(Role.DECODE)
     if not prefill or not decode:
         raise BenchFailed("compare needs at least one prefill and one decode engine")
-    urls = {Way.DIRECT: (decode[0],), Way.AGGREGATED: tuple(prefill + decode), Way.DISAGGREGATED: (gateway_url,)}
+    urls = {Way.DIRECT: (decode[0],), Way.AGGREGATED: tuple(prefill + decode)}
+    urls |= {way: (url,) for way, url in gateway_urls.items()}
     return [runner.Target(way.value, urls[way]) for way in ways]
+
+
+def _gateway_settings(settings: Settings, way: Way, offset: int) -> Settings:
+    """The gateway of ``way``: its routing.disaggregation, on the configured port + ``offset``."""
+    gateway = settings.gateway.model_copy(update={"port": settings.gateway.port + offset})
+    routing = settings.routing.model_copy(update={"disaggregation": _GATEWAY_WAYS[way]})
+    return settings.model_copy(update={"gateway": gateway, "routing": routing})
 
 
 async def _kv_counters(session: aiohttp.ClientSession, urls: Sequence[str]) -> TransferCounters:

@@ -1,10 +1,11 @@
 """``pdserve bench overhead``: what the gateway itself costs, measured against a synthetic upstream.
 
-Three processes: the synthetic engine, pdserve's real gateway in front of it (as both prefill
-and decode engine), and this load generator. The same closed-loop load goes direct and through
-the gateway in alternating windows (ABBA...), so machine noise hits both sides alike. Each
-process's CPU is read from its own counters over every window (bench/cpu.py): the gateway's per
-relayed chunk, the other two to show they were not what ran out.
+Three parts, each in processes of its own: the synthetic engines, pdserve's real gateway in front
+of them (as both prefill and decode engines), and the load generator (bench/load_processes.py).
+The same closed-loop load goes direct and through the gateway in alternating windows (ABBA...),
+so machine noise hits both sides alike. Each part's CPU is read from its processes' own counters
+over every window (bench/cpu.py): the gateway's per relayed chunk, the other two to show they
+were not what ran out.
 """
 
 from __future__ import annotations
@@ -12,23 +13,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import itertools
+import math
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from bisect import bisect_left
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
 import psutil
 
 from pdserve.bench import runner
-from pdserve.bench.cpu import CpuMeter, CpuUse, cpu_use, per_item_us, summed
+from pdserve.bench.cpu import CpuMeter, CpuUse, cpu_use, per_item_us, summed, with_descendants
+from pdserve.bench.load_processes import LoadProcesses
 from pdserve.bench.prompts import WordPrompts
 from pdserve.bench.records import RequestRecord
 from pdserve.bench.services import child_service, free_port
 from pdserve.bench.stats import Slo, Summary, Window, summarize
-from pdserve.bench.workload import BenchRequest, Lengths, synthetic
+from pdserve.bench.workload import Lengths, synthetic
 from pdserve.config import DEMO_MODEL_NAME
 from pdserve.errors import BenchFailed
 
@@ -38,6 +40,7 @@ GOAL_THROUGHPUT_RATIO = 0.97
 PROCESSES = ("gateway", "upstream", "loadgen")
 _PROMPT_TOKENS = 64
 _WARM_UP_S = 2.0
+_STREAMS_PER_UPSTREAM = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +52,8 @@ class OverheadPlan:
     duration_s: float = 20.0  # steady-state seconds per path, split over the rounds
     rounds: int = 2  # windows per path
     gateway_workers: int | None = None  # None: the gateway's default (the cores available)
+    load_processes: int = 1  # the load generator's processes, each with a share of the streams
+    upstreams: int = 1  # synthetic engine processes, each its own port; the gateway sees them as a pool
 
     @property
     def stream_lifetime_s(self) -> float:
@@ -57,9 +62,9 @@ class OverheadPlan:
 
 @dataclass(frozen=True, slots=True)
 class PathCpu:
-    """What each process used while one path carried the load (steady windows only)."""
+    """What each part used while one path carried the load (steady windows only)."""
 
-    uses: dict[str, CpuUse]  # by process: gateway, upstream, loadgen
+    uses: dict[str, CpuUse]  # by part (all its processes): gateway, upstream, loadgen
     chunks: int  # token events the load generator received: one relayed chunk each
     requests: int  # sent inside the windows
 
@@ -107,6 +112,9 @@ class OverheadResult:
                 "gateway_cpu_us_per_request": _rounded(cpu.us_per_request("gateway")),
                 "cores": {path: {name: round(use.cores, 3) for name, use in path_cpu.uses.items()}
                           for path, path_cpu in (("direct", self.direct_cpu), ("gateway", cpu))},
+                "busiest_process_cores": {
+                    path: {name: round(use.busiest_cores, 3) for name, use in path_cpu.uses.items()}
+                    for path, path_cpu in (("direct", self.direct_cpu), ("gateway", cpu))},
                 "chunks_per_s": round(cpu.chunks / cpu.uses["gateway"].window_s, 1)}
 
     def verdict(self) -> str:
@@ -118,11 +126,18 @@ class OverheadResult:
     def cpu_line(self) -> str:
         cpu, direct = self.gateway_cpu, self.direct_cpu
         per_chunk, per_request = cpu.us_per_chunk("gateway"), cpu.us_per_request("gateway")
-        cores = ", ".join(f"{name} {use.cores:.2f}" for name, use in cpu.uses.items())
+        cores = ", ".join(f"{name} {use.cores:.2f} (busiest process {use.busiest_cores:.2f})"
+                          for name, use in cpu.uses.items())
         return (f"gateway CPU {per_chunk or 0:.1f} us per relayed chunk, {per_request or 0:.0f} us per request "
                 f"({cpu.chunks / cpu.uses['gateway'].window_s:.0f} chunks/s); cores busy through the gateway: "
                 f"{cores}; direct: upstream {direct.uses['upstream'].cores:.2f}, "
                 f"loadgen {direct.uses['loadgen'].cores:.2f}")
+
+
+def default_upstreams(streams: int, *, cores: int) -> int:
+    """One synthetic engine per 512 streams (~14 us of its CPU per token: 0.7 of a core at 100
+    tokens/s), on at most a quarter of the cores, and at least one. Pure."""
+    return max(1, min(cores // 4, math.ceil(streams / _STREAMS_PER_UPSTREAM)))
 
 
 def knee_streams(outcomes: Sequence[tuple[int, bool]]) -> int | None:
@@ -141,32 +156,34 @@ def knee_streams(outcomes: Sequence[tuple[int, bool]]) -> int | None:
 
 
 def saturated(result: OverheadResult, *, busy_cores: float = 0.9) -> list[str]:
-    """The processes other than the gateway that kept a core busy: the figures then measure
-    them, not the gateway. Pure."""
+    """The parts other than the gateway with a process that kept a core busy: the figures then
+    measure them, not the gateway. Pure."""
     return sorted({name for path in (result.direct_cpu, result.gateway_cpu)
-                   for name, use in path.uses.items() if name != "gateway" and use.cores >= busy_cores})
+                   for name, use in path.uses.items() if name != "gateway" and use.busiest_cores >= busy_cores})
 
 
 async def measure_sweep(
     levels: Sequence[int], plan: OverheadPlan, *, repeats: int, log_dir: Path, progress: Callable[[str], None],
 ) -> list[OverheadResult]:
-    """Stand up upstream and gateway once, run ``plan`` at each stream count ``repeats`` times."""
+    """Stand up upstreams, gateway and load processes once, run ``plan`` at each stream count ``repeats`` times."""
     results: list[OverheadResult] = []
-    async with _upstream_and_gateway(plan, log_dir=log_dir) as (direct, gateway, meter), \
-            runner.new_session() as session:
-        requests = synthetic(
-            64, model=DEMO_MODEL_NAME, input_tokens=Lengths(_PROMPT_TOKENS, _PROMPT_TOKENS),
-            output_tokens=Lengths(plan.output_tokens, plan.output_tokens), prompts=WordPrompts(), seed=0,
-        )
-        load = itertools.cycle(requests)
+    requests = synthetic(
+        64, model=DEMO_MODEL_NAME, input_tokens=Lengths(_PROMPT_TOKENS, _PROMPT_TOKENS),
+        output_tokens=Lengths(plan.output_tokens, plan.output_tokens), prompts=WordPrompts(), seed=0,
+    )
+    async with (
+        _upstreams_and_gateway(plan, log_dir=log_dir) as (direct, gateway, services),
+        LoadProcesses(plan.load_processes, requests) as load,
+    ):
+        meter = CpuMeter({**services, "loadgen": [psutil.Process(), *load.processes]})
         warm_up = dataclasses.replace(plan, streams=min(levels))
         for target in (direct, gateway):  # connections and code paths warm, then measure
-            await _window(session, target, load, plan=warm_up, steady_s=_WARM_UP_S, meter=meter)
+            await _window(load, target, plan=warm_up, steady_s=_WARM_UP_S, meter=meter)
         for streams in levels:
             for repeat in range(repeats):
                 progress(f"{streams} streams, run {repeat + 1}/{repeats}")
                 point = dataclasses.replace(plan, streams=streams)
-                results.append(await _measure_point(session, direct, gateway, load, plan=point, meter=meter,
+                results.append(await _measure_point(load, direct, gateway, plan=point, meter=meter,
                                                     progress=progress, log_dir=log_dir))
                 progress("  " + results[-1].verdict())
                 progress("  " + results[-1].cpu_line())
@@ -174,7 +191,7 @@ async def measure_sweep(
 
 
 async def _measure_point(
-    session: aiohttp.ClientSession, direct: runner.Target, gateway: runner.Target, load: Iterator[BenchRequest], *,
+    load: LoadProcesses, direct: runner.Target, gateway: runner.Target, *,
     plan: OverheadPlan, meter: CpuMeter, progress: Callable[[str], None], log_dir: Path,
 ) -> OverheadResult:
     records: dict[str, list[RequestRecord]] = {direct.name: [], gateway.name: []}
@@ -183,13 +200,14 @@ async def _measure_point(
     for round_index in range(plan.rounds):
         for target in (direct, gateway) if round_index % 2 == 0 else (gateway, direct):
             window, window_records, window_use = await _window(
-                session, target, load, plan=plan, steady_s=plan.duration_s / plan.rounds, meter=meter)
+                load, target, plan=plan, steady_s=plan.duration_s / plan.rounds, meter=meter)
             records[target.name] += window_records
             windows[target.name].append(window)
             uses[target.name].append(window_use)
-            summary = summarize(window_records, slo=_NO_SLO, windows=[window])
+            chunks = chunks_in(window_records, [window])
+            errors = sum(1 for record in window_records if record.error is not None and record.sent_s in window)
             progress(f"  round {round_index + 1}/{plan.rounds} {target.name:<8} "
-                     f"{summary.output_tokens_per_s:8.0f} tok/s  errors {summary.errors}")
+                     f"{chunks / window.length_s:8.0f} token events/s  errors {errors}")
     summaries = {name: summarize(records[name], slo=_NO_SLO, windows=windows[name]) for name in records}
     for name, summary in summaries.items():
         if summary.ttft_ms is None or summary.itl_ms is None:
@@ -203,34 +221,32 @@ async def _measure_point(
 
 
 def chunks_in(records: Sequence[RequestRecord], windows: Sequence[Window]) -> int:
-    """Token events that arrived inside ``windows``. Pure."""
-    return sum(1 for record in records for time_s in record.token_times_s
-               if any(time_s in window for window in windows))
+    """Token events that arrived inside ``windows`` (each record's times are in order). Pure."""
+    return sum(bisect_left(record.token_times_s, window.end_s) - bisect_left(record.token_times_s, window.start_s)
+               for record in records for window in windows)
 
 
 _NO_SLO = Slo(ttft_s=float("inf"), itl_s=float("inf"))
+_START_LEAD_S = 0.05  # for the load processes to get their shares before the window starts
 
 
 async def _window(
-    session: aiohttp.ClientSession, target: runner.Target, load: Iterator[BenchRequest], *,
-    plan: OverheadPlan, steady_s: float, meter: CpuMeter,
+    load: LoadProcesses, target: runner.Target, *, plan: OverheadPlan, steady_s: float, meter: CpuMeter,
 ) -> tuple[Window, list[RequestRecord], dict[str, CpuUse]]:
     """Ramp ``plan.streams`` up over one stream lifetime, then hold them for ``steady_s``; the
     processes' CPU is read at both ends of the steady part."""
     ramp_s = plan.stream_lifetime_s
-    start_s = time.perf_counter()
+    start_s = time.perf_counter() + _START_LEAD_S
+    steady = Window(start_s + ramp_s, start_s + ramp_s + steady_s)
     async with asyncio.TaskGroup() as group:
-        cpu = group.create_task(_cpu_between(meter, start_s=start_s + ramp_s, end_s=start_s + ramp_s + steady_s))
-        records = await runner.run_closed_loop(
-            session, target, load, streams=plan.streams, duration_s=ramp_s + steady_s, stagger_s=ramp_s,
-            timeout_s=ramp_s * 10 + 30.0, on_done=lambda _record: None,
-        )
-    return Window(start_s + ramp_s, start_s + ramp_s + steady_s), records, cpu.result()
+        cpu = group.create_task(_cpu_between(meter, start_s=steady.start_s, end_s=steady.end_s))
+        records = await load.run(target, streams=plan.streams, start_s=start_s, ramp_s=ramp_s,
+                                 stop_s=steady.end_s, timeout_s=ramp_s * 10 + 30.0)
+    return steady, records, cpu.result()
 
 
 async def _cpu_between(meter: CpuMeter, *, start_s: float, end_s: float) -> dict[str, CpuUse]:
-    """Each process's CPU from ``start_s`` to ``end_s`` (time.perf_counter()); read off the loop,
-    so the load generator's streams do not wait on /proc."""
+    """Each part's CPU from ``start_s`` to ``end_s`` (time.perf_counter()); read off the loop."""
     await asyncio.sleep(max(0.0, start_s - time.perf_counter()))
     before, read_from_s = await asyncio.to_thread(meter.read), time.perf_counter()
     await asyncio.sleep(max(0.0, end_s - time.perf_counter()))
@@ -239,25 +255,32 @@ async def _cpu_between(meter: CpuMeter, *, start_s: float, end_s: float) -> dict
 
 
 @contextlib.asynccontextmanager
-async def _upstream_and_gateway(
+async def _upstreams_and_gateway(
     plan: OverheadPlan, *, log_dir: Path
-) -> AsyncIterator[tuple[runner.Target, runner.Target, CpuMeter]]:
-    upstream_port, gateway_port = free_port(), free_port()
-    upstream_url, gateway_url = f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{gateway_port}"
+) -> AsyncIterator[tuple[runner.Target, runner.Target, dict[str, list[psutil.Process]]]]:
+    """``plan.upstreams`` synthetic engines and the gateway over them; yields the direct and gateway
+    targets and each part's processes (the gateway with its workers)."""
     pdserve = [sys.executable, "-m", "pdserve"]
-    upstream_argv = [*pdserve, "bench", "upstream", "--port", str(upstream_port),
-                     "--ttft-ms", str(plan.ttft_s * 1000), "--tokens-per-s", str(plan.tokens_per_s)]
-    gateway_argv = [*pdserve, "serve", "--prefill-url", upstream_url, "--decode-url", upstream_url,
-                    "--port", str(gateway_port)]
-    if plan.gateway_workers is not None:
-        gateway_argv += ["--workers", str(plan.gateway_workers)]
-    async with (
-        child_service(upstream_argv, ready_url=f"{upstream_url}/health", log_path=log_dir / "upstream.log") as upstream,
-        child_service(gateway_argv, ready_url=f"{gateway_url}/health", log_path=log_dir / "gateway.log") as gateway,
-    ):
-        meter = CpuMeter({"gateway": psutil.Process(gateway.pid), "upstream": psutil.Process(upstream.pid),
-                          "loadgen": psutil.Process()})
-        yield runner.Target("direct", (upstream_url,)), runner.Target("gateway", (gateway_url,)), meter
+    upstream_urls = []
+    async with contextlib.AsyncExitStack() as stack:
+        upstreams = []
+        for index in range(plan.upstreams):
+            port = free_port()
+            upstream_urls.append(f"http://127.0.0.1:{port}")
+            argv = [*pdserve, "bench", "upstream", "--port", str(port), "--ttft-ms", str(plan.ttft_s * 1000),
+                    "--tokens-per-s", str(plan.tokens_per_s)]
+            upstreams.append(await stack.enter_async_context(child_service(
+                argv, ready_url=f"{upstream_urls[-1]}/health", log_path=log_dir / f"upstream-{index}.log")))
+        gateway_url = f"http://127.0.0.1:{free_port()}"
+        gateway_argv = [*pdserve, "serve", "--port", gateway_url.rsplit(":", 1)[1],
+                        *(arg for url in upstream_urls for arg in ("--prefill-url", url, "--decode-url", url))]
+        if plan.gateway_workers is not None:
+            gateway_argv += ["--workers", str(plan.gateway_workers)]
+        gateway = await stack.enter_async_context(child_service(
+            gateway_argv, ready_url=f"{gateway_url}/health", log_path=log_dir / "gateway.log"))
+        services = {"gateway": with_descendants(psutil.Process(gateway.pid)),
+                    "upstream": [psutil.Process(upstream.pid) for upstream in upstreams]}
+        yield runner.Target("direct", tuple(upstream_urls)), runner.Target("gateway", (gateway_url,)), services
 
 
 def _rounded(value: float | None) -> float | None:

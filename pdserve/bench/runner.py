@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from pdserve.bench.records import RequestRecord
-from pdserve.bench.sse import DONE, EventSplitter, classify
+from pdserve.bench.sse import StreamReading
 from pdserve.bench.workload import BenchRequest
 from pdserve.errors import ConfigError
 
@@ -102,7 +102,7 @@ async def send(
 ) -> RequestRecord:
     """One streamed request; every failure (status, broken stream, timeout) becomes ``error``."""
     payload = json.dumps(request.body).encode()
-    stream = _StreamReading()
+    stream = StreamReading()
     sent_s = time.perf_counter()
     try:
         async with session.post(url + request.path, data=payload, headers=_HEADERS,
@@ -118,30 +118,3 @@ async def send(
         target=target, url=url, sent_s=sent_s, token_times_s=tuple(stream.token_times_s), done_s=time.perf_counter(),
         output_tokens=stream.usage_tokens or len(stream.token_times_s), error=stream.outcome(),
     )
-
-
-class _StreamReading:
-    """What one response's SSE stream told us so far."""
-
-    def __init__(self) -> None:
-        self.token_times_s: list[float] = []
-        self.usage_tokens: int | None = None
-        self.error: str | None = None
-        self._splitter = EventSplitter()
-        self._saw_done = False
-
-    def feed(self, chunk: bytes, *, now_s: float) -> None:
-        for data in self._splitter.feed(chunk):
-            if data == DONE:
-                self._saw_done = True
-                continue
-            event = classify(data)
-            if event.carries_token:
-                self.token_times_s.append(now_s)
-            self.usage_tokens = event.completion_tokens or self.usage_tokens
-            self.error = event.error or self.error
-
-    def outcome(self) -> str | None:
-        if self.error is None and not self._saw_done:
-            return "stream ended without [DONE]"
-        return self.error

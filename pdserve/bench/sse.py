@@ -37,6 +37,36 @@ class EventSplitter:
         return payloads
 
 
+class StreamReading:
+    """What one response's SSE stream told a client so far: when each token event arrived, the
+    usage count, an error event, whether ``[DONE]`` came."""
+
+    def __init__(self) -> None:
+        self.token_times_s: list[float] = []
+        self.usage_tokens: int | None = None
+        self.error: str | None = None
+        self._splitter = EventSplitter()
+        self._saw_done = False
+
+    def feed(self, chunk: bytes, *, now_s: float) -> None:
+        """``chunk`` of the body, which arrived at ``now_s`` (the caller's clock)."""
+        for data in self._splitter.feed(chunk):
+            if data == DONE:
+                self._saw_done = True
+                continue
+            event = classify(data)
+            if event.carries_token:
+                self.token_times_s.append(now_s)
+            self.usage_tokens = event.completion_tokens or self.usage_tokens
+            self.error = event.error or self.error
+
+    def outcome(self) -> str | None:
+        """The error to record, None for a complete stream."""
+        if self.error is None and not self._saw_done:
+            return "stream ended without [DONE]"
+        return self.error
+
+
 def classify(payload: bytes) -> Event:
     """What one event's data means. A token is a choice with text (completions) or a delta
     with content (chat); the chat role announcement and a bare finish marker are not tokens.

@@ -150,17 +150,18 @@ def _app_steps(settings: Settings, *, ray_token: str) -> list[Step]:
 
 
 def _manifest_documents(settings: Settings) -> tuple[str, str, str]:
-    """(Namespace, every other object but the PodMonitor, the PodMonitor or ''), as ``render k8s``
-    writes them: the PodMonitor applies only where the Prometheus Operator's CRDs exist."""
+    """(Namespace, every other object but the PodMonitors, the PodMonitors or ''), as ``render k8s``
+    writes them: the PodMonitors apply only where the Prometheus Operator's CRDs exist."""
     kinds = [obj["kind"] for obj in render_manifests(settings)]
     # documents start at column 0; a "---" inside serveConfigV2's block text is indented
-    documents = dict(zip(kinds, re.split(r"(?m)^---\n", render_yaml(settings)), strict=True))
-    core = "---\n".join(text for kind, text in documents.items() if kind != _POD_MONITOR_KIND)
-    return documents["Namespace"], core, documents.get(_POD_MONITOR_KIND, "")
+    documents = list(zip(kinds, re.split(r"(?m)^---\n", render_yaml(settings)), strict=True))
+    core = "---\n".join(text for kind, text in documents if kind != _POD_MONITOR_KIND)
+    monitors = "---\n".join(text for kind, text in documents if kind == _POD_MONITOR_KIND)
+    return next(text for kind, text in documents if kind == "Namespace"), core, monitors
 
 
 def _pod_monitor_steps(settings: Settings, argv: tuple[str, ...], *, pod_monitor_yaml: str) -> list[Step]:
-    """``argv`` (apply or delete) for the PodMonitor, if rendered, when its CRD is installed."""
+    """``argv`` (apply or delete) for the PodMonitors, if rendered, when their CRD is installed."""
     if not pod_monitor_yaml:
         return []
     return [Step("pod-monitor", argv, stdin=pod_monitor_yaml, only_if=kubectl(settings, "get", "crd", _PODMONITOR_CRD))]

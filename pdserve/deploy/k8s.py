@@ -21,12 +21,12 @@ from pdserve.deploy.k8s_names import (
     object_labels,
     object_metadata,
 )
+from pdserve.deploy.monitoring import dashboard_config_map, engine_pod_monitor, gateway_pod_monitor
 from pdserve.deploy.rayservice import rayservice
 from pdserve.errors import ConfigError
 from pdserve.role import Role
 
 HEAD_RESOURCE = "head"  # the Ray custom resource only the head offers, unless ray.gateway_resources names one
-METRICS_INTERVAL = "15s"
 
 
 def kubernetes_settings(settings: Settings) -> Settings:
@@ -52,11 +52,14 @@ def kubernetes_settings(settings: Settings) -> Settings:
 
 
 def render_manifests(settings: Settings) -> list[dict[str, Any]]:
-    """Namespace, RayService, the gateway's Service and (unless turned off) its PodMonitor."""
+    """Namespace, RayService, the gateway's Service and, unless turned off, the PodMonitors of the
+    gateway and the engines and the Grafana dashboard's ConfigMap (deploy/monitoring.py)."""
     cluster = kubernetes_settings(settings)
     objects = [namespace(cluster), rayservice(cluster), gateway_service(cluster)]
     if cluster.kubernetes.pod_monitor:
-        objects.append(gateway_pod_monitor(cluster))
+        objects += [gateway_pod_monitor(cluster), engine_pod_monitor(cluster)]
+    if cluster.kubernetes.grafana_dashboard:
+        objects.append(dashboard_config_map(cluster))
     return objects
 
 
@@ -99,18 +102,6 @@ def gateway_service(settings: Settings) -> dict[str, Any]:
         "kind": "Service",
         "metadata": object_metadata(spec, gateway_service_name(spec), "gateway"),
         "spec": {"type": "ClusterIP", "selector": head_selector(spec), "ports": [port]},
-    }
-
-
-def gateway_pod_monitor(settings: Settings) -> dict[str, Any]:
-    """Tells the Prometheus Operator to scrape the gateway's /metrics on the head pod."""
-    spec = settings.kubernetes
-    endpoint = {"port": GATEWAY_PORT_NAME, "path": "/metrics", "interval": METRICS_INTERVAL}
-    return {
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "PodMonitor",
-        "metadata": object_metadata(spec, gateway_service_name(spec), "gateway"),
-        "spec": {"selector": {"matchLabels": head_selector(spec)}, "podMetricsEndpoints": [endpoint]},
     }
 
 

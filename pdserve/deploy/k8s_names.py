@@ -12,8 +12,11 @@ RAY_HEAD_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001, "serve
 # Bound on the head too, but not published: the dashboard agent's HTTP server.
 RAY_HEAD_PRIVATE_PORTS = {"dashboard-agent": 52365}
 GATEWAY_PORT_NAME = "openai"
+ENGINE_PORT_NAME = "vllm"  # each worker pod's engine API (and its /metrics): the pool's base_port
 # KubeRay's own key for the token in a Ray auth Secret, so `authOptions.secretName` can name ours.
 RAY_TOKEN_SECRET_KEY = "auth_token"
+# The gateway's access keys (docs/reliability.md): client keys comma-separated, and the admin key.
+API_KEYS_SECRET_KEYS = {"PDSERVE_API_KEYS": "api_keys", "PDSERVE_ADMIN_KEY": "admin_key"}
 HEAD_COMPONENT = "head"
 
 
@@ -44,6 +47,11 @@ def head_selector(spec: KubernetesSpec) -> dict[str, str]:
 def ray_token_secret_name(spec: KubernetesSpec) -> str:
     """The Secret the user creates with the cluster's Ray token under ``RAY_TOKEN_SECRET_KEY``."""
     return f"{spec.name}-ray-token"
+
+
+def api_keys_secret_name(spec: KubernetesSpec) -> str:
+    """The Secret the user may create with the gateway's keys under ``API_KEYS_SECRET_KEYS``' values."""
+    return f"{spec.name}-api-keys"
 
 
 def gateway_service_name(spec: KubernetesSpec) -> str:

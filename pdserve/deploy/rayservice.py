@@ -12,10 +12,13 @@ from typing import Any
 
 from pdserve.config import KubernetesSpec, PoolSpec, Settings
 from pdserve.deploy.k8s_names import (
+    API_KEYS_SECRET_KEYS,
+    ENGINE_PORT_NAME,
     GATEWAY_PORT_NAME,
     HEAD_COMPONENT,
     RAY_HEAD_PORTS,
     RAY_TOKEN_SECRET_KEY,
+    api_keys_secret_name,
     object_labels,
     object_metadata,
     ray_token_secret_name,
@@ -65,7 +68,7 @@ def _head_group(settings: Settings) -> dict[str, Any]:
         "name": "ray-head",
         "image": spec.image,
         "imagePullPolicy": "IfNotPresent",
-        "env": _ray_auth_env(spec),
+        "env": [*_ray_auth_env(spec), *_gateway_keys_env(spec)],
         "ports": [*ports, {"name": GATEWAY_PORT_NAME, "containerPort": settings.gateway.port}],
         "resources": _resources(cpus=spec.head_cpus, memory_gib=spec.head_memory_gib, devices={}),
     }
@@ -86,6 +89,8 @@ def _worker_group(settings: Settings, role: Role) -> dict[str, Any]:
         "image": spec.image,
         "imagePullPolicy": "IfNotPresent",
         "env": [*_ray_auth_env(spec), *_engine_env(pool)],
+        # One engine per pod, so its replica binds the pool's base_port (ray/engine_replica.py).
+        "ports": [{"name": ENGINE_PORT_NAME, "containerPort": pool.base_port}],
         "resources": _resources(cpus=placement.cpus, memory_gib=placement.memory_gib, devices=_devices(pool)),
         "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
         # NIXL registers (pins) the KV cache with the NIC; IPC_LOCK lifts the memlock limit on it.
@@ -113,6 +118,13 @@ def _ray_auth_env(spec: KubernetesSpec) -> list[dict[str, Any]]:
     """Ray's token auth on every node; set here too so KubeRay versions without authOptions carry it."""
     token = {"secretKeyRef": {"name": ray_token_secret_name(spec), "key": RAY_TOKEN_SECRET_KEY}}
     return [{"name": "RAY_AUTH_MODE", "value": "token"}, {"name": "RAY_AUTH_TOKEN", "valueFrom": token}]
+
+
+def _gateway_keys_env(spec: KubernetesSpec) -> list[dict[str, Any]]:
+    """The gateway replica (on the head) reads its access keys from env; without the Secret, none are needed."""
+    name = api_keys_secret_name(spec)
+    return [{"name": variable, "valueFrom": {"secretKeyRef": {"name": name, "key": key, "optional": True}}}
+            for variable, key in API_KEYS_SECRET_KEYS.items()]
 
 
 def _engine_env(pool: PoolSpec) -> list[dict[str, Any]]:

@@ -28,7 +28,7 @@ def render_k8s(
     config: ConfigOption = None,
     out: Annotated[Path | None, typer.Option(help="Write one YAML file per object here; default: stdout.")] = None,
 ) -> None:
-    """The KubeRay RayService, the gateway's Service and PodMonitor, in apply order."""
+    """The KubeRay RayService, the gateway's Service, PodMonitors and Grafana dashboard, in apply order."""
     settings = settings_or_exit(config)
     try:
         if out is None:

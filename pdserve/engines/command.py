@@ -15,6 +15,7 @@ from pdserve.role import Role
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # a CPU engine's cores
+OTLP_PROTOCOL_ENV = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 # The prefill engine only produces KV cache, the decode engine only consumes it.
 KV_ROLES = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer"}
 
@@ -30,12 +31,13 @@ class EngineCommand:
 
 def build_engine_command(
     spec: EngineSpec, *, model: ModelSpec, model_path: str, layout: ModelLayout, kv: KVTransferSpec, python: str,
-    host: str, cpu_bind: str, link: HostLink,
+    host: str, cpu_bind: str, link: HostLink, otlp_traces_endpoint: str = "",
 ) -> EngineCommand:
     """argv + env for ``spec``. ``cpu_bind`` is VLLM_CPU_OMP_THREADS_BIND for CPU engines; ``layout`` (of the
     model at ``model_path``) adds what a hybrid or multimodal model needs; ``link`` (this host's, from
     ``kv_link.probe_host_link``) decides where the KV buffer lives and the libfabric provider. Raises
-    ConfigError when the pool's settings cannot hand that model off.
+    ConfigError when the pool's settings cannot hand that model off. ``otlp_traces_endpoint`` (the
+    gateway's, an OTLP/HTTP URL; empty = off) makes the engine export its request spans there too.
     """
     pool = spec.pool
     needs = engine_needs(layout, spec, dtype=model.dtype)
@@ -52,6 +54,7 @@ def build_engine_command(
         "--kv-transfer-config", json.dumps(kv_transfer_config(spec, kv, buffer_device=buffer.device)),
         *_block_size_args(spec, kv),
         *needs.args,
+        *_tracing_args(otlp_traces_endpoint),
         *pool.extra_args,
     ]
     env = {
@@ -71,6 +74,8 @@ def build_engine_command(
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(pool.kv_cache_gib)
         env[CPU_BIND_ENV] = cpu_bind
+    if otlp_traces_endpoint:
+        env[OTLP_PROTOCOL_ENV] = "http/protobuf"  # vLLM's default is gRPC; one URL serves gateway and engines
     if "LIBFABRIC" in kv.backends:
         env.update(libfabric_env(libfabric_provider(kv, pool, link)[0], device=pool.device, buffer=buffer))
     env.update(needs.env)
@@ -96,6 +101,11 @@ def kv_notes(
 GPU_BLOCK_SIZE = 128
 
 
+def _tracing_args(otlp_traces_endpoint: str) -> list[str]:
+    """vLLM's own spans, children of the leg's span through the traceparent the gateway sends."""
+    return ["--otlp-traces-endpoint", otlp_traces_endpoint] if otlp_traces_endpoint else []
+
+
 def _block_size_args(spec: EngineSpec, kv: KVTransferSpec) -> list[str]:
     """``--block-size`` unless the engine's extra_args already set it."""
     if "--block-size" in spec.pool.extra_args:
@@ -112,6 +122,7 @@ def kv_transfer_config(spec: EngineSpec, kv: KVTransferSpec, *, buffer_device: s
         "engine_id": spec.engine_id,
         "kv_buffer_device": buffer_device,
         "kv_connector_extra_config": {"backends": list(kv.backends)},
+        "kv_load_failure_policy": kv.load_failure_policy,
     }
 
 

@@ -8,7 +8,6 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 
 import aiohttp
 
@@ -33,7 +32,7 @@ class Supervisor:
         self._settings, self._progress = settings, progress
         self._stopping = False
         specs = settings.engine_specs()
-        self.mps = plan_mps(specs, mode=settings.launch.mps, log_dir=Path(settings.launch.log_dir))
+        self.mps = plan_mps(specs, mode=settings.launch.mps, log_dir=settings.engine_log_dir)
         self.engines = _plan_engines(settings, specs, model_path=model_path, layout=layout, mps=self.mps)
 
     async def start_all(self, session: aiohttp.ClientSession) -> None:
@@ -108,7 +107,7 @@ def _plan_engines(
 ) -> list[EngineProcess]:
     cpu_specs = [spec for spec in specs if spec.pool.device == "cpu"]
     auto_binds = iter(split_cpus(sorted(os.sched_getaffinity(0)), len(cpu_specs)))
-    log_dir = Path(settings.launch.log_dir)
+    log_dir = settings.engine_log_dir
     link = probe_host_link()
     engines = []
     for spec in specs:
@@ -116,7 +115,7 @@ def _plan_engines(
         command = build_engine_command(
             spec, model=settings.model, model_path=model_path, layout=layout, kv=settings.kv,
             python=settings.launch.python or sys.executable, host=settings.launch.engine_host, cpu_bind=cpu_bind,
-            link=link,
+            link=link, otlp_traces_endpoint=settings.gateway.otlp_traces_endpoint,
         )
         if mps is not None and mps.serves(spec):
             command = replace(command, env=command.env | mps.env)

@@ -13,8 +13,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from starlette.applications import Starlette
@@ -27,26 +26,35 @@ from starlette.types import Receive, Scope, Send
 from pdserve.access import Access, AccessKeys, load_access_keys
 from pdserve.config import Settings
 from pdserve.errors import BadRequest, NotReady, PdserveError
-from pdserve.gateway import readiness
+from pdserve.gateway import dashboard, readiness, tracing
 from pdserve.gateway.admission import Admission
+from pdserve.gateway.call import Call, Reply
 from pdserve.gateway.client_errors import ClientError, client_error
 from pdserve.gateway.disconnect import ClientDisconnected, DisconnectGuard
+from pdserve.gateway.engine_rows import engine_rows, rows_json, with_leg_counts
 from pdserve.gateway.handoffs import Handoffs
 from pdserve.gateway.kv_monitor import KVMonitor
 from pdserve.gateway.metrics import GatewayMetrics
-from pdserve.gateway.orchestrator import Call, Mode, Orchestrator, Reply
+from pdserve.gateway.model_card import ModelCards
+from pdserve.gateway.orchestrator import Orchestrator
+from pdserve.gateway.recent import RecentRequests
 from pdserve.gateway.request_input import check_header_size, header_map, parse_mode, read_body, request_id
 from pdserve.gateway.workers import Worker
 from pdserve.pd.engine_http import EngineClient
 from pdserve.protocol import ChatRequest, CompletionRequest, error_body, parse_json_object, validate_request
 from pdserve.role import Role
 from pdserve.routing import health
-from pdserve.routing.policy import LeastInFlight
 from pdserve.routing.pool import Pool
+from pdserve.routing.router import Router
 from pdserve.routing.sources import EndpointSource, FixedEndpoints
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
+# The scope extension under which gateway/server.py offers the client connection's transport.
+TRANSPORT_EXTENSION = "pdserve.transport"
 SCHEMAS: dict[str, type[ChatRequest | CompletionRequest]] = {
     "/v1/completions": CompletionRequest, "/v1/chat/completions": ChatRequest,
 }
@@ -56,14 +64,19 @@ class Gateway:
     """State with a lifecycle: the upstream HTTP session, the endpoint pool, its health loop and warm-up."""
 
     def __init__(self, settings: Settings, source: EndpointSource, keys: AccessKeys, *,
-                 worker: Worker | None = None) -> None:
+                 worker: Worker | None = None, span_exporter: SpanExporter | None = None) -> None:
         self.settings, self.source, self.keys = settings, source, keys
+        self._span_exporter, self._tracing = span_exporter, tracing.OFF  # started with the lifespan
         self._worker = worker  # one of several processes on the port (gateway/workers.py), or None
         self.pool = Pool()
         self.admission = Admission(self.pool, spec=settings.gateway)
         self.metrics = GatewayMetrics(self.pool, self.admission)
         self.readiness = readiness.Readiness()
+        self.recent = RecentRequests()  # the live page's list, filled by the orchestrator
+        # Each process's prefix index sees only its own requests: it keeps its share of each engine's cache.
+        self.router = Router(settings.routing, gateway_processes=settings.gateway.workers if worker is not None else 1)
         self._orchestrator: Orchestrator | None = None
+        self._model_cards: ModelCards | None = None
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
@@ -73,10 +86,12 @@ class Gateway:
         client = EngineClient(connect_timeout_s=spec.connect_timeout_s)
         async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
             handoffs = Handoffs(slow_s=spec.slow_handoff_warn_s)
-            monitor = KVMonitor(spec=spec, handoffs=handoffs, collector=self.metrics.engine_kv)
+            self._model_cards = ModelCards(session, settings=self.settings)
+            monitor = KVMonitor(spec=spec, handoffs=handoffs, collector=self.metrics.engine_kv,
+                                load_interval_s=self.settings.routing.load_scrape_interval_s)
             self._orchestrator = Orchestrator(
-                client=client, pool=self.pool, admission=self.admission, policy=LeastInFlight(), spec=spec,
-                connector=self.settings.kv.connector, metrics=self.metrics, handoffs=handoffs,
+                client=client, pool=self.pool, admission=self.admission, router=self.router, spec=spec,
+                connector=self.settings.kv.connector, metrics=self.metrics, handoffs=handoffs, recent=self.recent,
             )
             watchers = [
                 asyncio.create_task(self.source.follow(self.pool)),
@@ -85,6 +100,7 @@ class Gateway:
                                                         model=self.settings.model.served_name,
                                                         interval_s=spec.health_interval_s)),
             ]
+            self._tracing = tracing.start(spec.otlp_traces_endpoint, exporter=self._span_exporter)
             await asyncio.sleep(0)  # the source fills the pool before the first request
             try:
                 yield
@@ -92,7 +108,9 @@ class Gateway:
                 for watcher in watchers:
                     watcher.cancel()
                 await asyncio.gather(*watchers, return_exceptions=True)
+                await self._orchestrator.close()
                 client.close()
+                await asyncio.to_thread(self._tracing.shutdown)  # exports what is queued
 
     def _engine_watchers(self, session: aiohttp.ClientSession, monitor: KVMonitor) -> list[asyncio.Task[None]]:
         """Health probes and KV scrapes, run by one process only: this one, or worker 0 of several,
@@ -111,20 +129,22 @@ class Gateway:
     async def complete(self, scope: Scope, receive: Receive, send: Send) -> None:
         """POST /v1/completions and /v1/chat/completions, as plain ASGI: these routes carry every
         token, so they skip Starlette's middleware and its wrappers around each ``send``."""
-        path, mode, status, call_id = scope["path"], Mode.PD, 500, ""
+        path, mode, status, call_id = scope["path"], None, 500, ""
         headers = header_map(scope)
+        trace: tracing.RequestTrace = tracing.NO_TRACE
         try:
             call_id = request_id(headers.get(b"x-request-id"))
             self.authorize(headers.get(b"authorization"), Access.CLIENT)
             mode = parse_mode(headers.get(b"x-pd-mode"))
+            trace = self._tracing.request(headers, request_id=call_id, path=path)
             call = Call(path=path, body=await self._read_request(path, headers, receive), mode=mode,
-                        request_id=call_id, arrived_s=time.perf_counter())
+                        request_id=call_id, arrived_s=time.perf_counter(), trace=trace)
             with DisconnectGuard(receive):
                 async with self.admission.gateway_slot():  # held until the last byte, whatever ends it
                     reply = await self._run(call)
                     status = 200  # from here on, failures reach the client inside the stream
                     try:
-                        await _send_reply(send, reply, request_id=call_id)
+                        await _send_reply(send, reply, request_id=call_id, transport=offered_transport(scope))
                     finally:
                         reply.close()
         except ClientDisconnected:
@@ -137,7 +157,8 @@ class Gateway:
             status = error.status
             await _send_error(send, error, request_id=call_id)
         finally:
-            self.metrics.requests.labels(path, mode.value, str(status)).inc()
+            self.metrics.requests.labels(path, "auto" if mode is None else mode.value, str(status)).inc()
+            trace.finish(status)
 
     def authorize(self, authorization: bytes | None, needed: Access) -> None:
         """Raises BadRequest (401) unless ``authorization`` grants ``needed``; the key is never echoed."""
@@ -160,13 +181,14 @@ class Gateway:
         return await self._orchestrator.run(call)
 
     async def models(self, request: Request) -> Response:
-        """The served model, once the gateway is ready (a client that polls this waits for warm-up too)."""
+        """The served model as its engines list it (root, max_model_len, ...: gateway/model_card.py),
+        once the gateway is ready (a client that polls this waits for warm-up too)."""
         self.authorize(_authorization(request), Access.CLIENT)
         if not self.readiness.report(self.pool)[0]:
             raise NotReady()
-        model = self.settings.model
-        card = {"id": model.served_name, "object": "model", "created": 0, "owned_by": "pdserve",
-                "root": model.path or "pdserve-demo", "max_model_len": model.max_model_len}
+        assert self._model_cards is not None, "lifespan not started"
+        urls = [endpoint.url for role in (Role.DECODE, Role.PREFILL) for endpoint in self.pool.healthy(role)]
+        card = await self._model_cards.card(urls)
         return Response(json.dumps({"object": "list", "data": [card]}), media_type=JSON)
 
     async def health(self, request: Request) -> Response:
@@ -181,6 +203,29 @@ class Gateway:
                  "kv_path": dataclasses.asdict(endpoint.kv_path)}
                 for endpoint in self.pool.all(role)] for role in Role}
         return Response(json.dumps(body), status_code=200 if is_ready else 503, media_type=JSON)
+
+    async def engines(self, request: Request) -> Response:
+        """Every engine's health, load and legs, for the admin only (``pdserve status``)."""
+        self.authorize(_authorization(request), Access.ADMIN)
+        rows = engine_rows(self.pool, now_s=time.monotonic(), max_age_s=self.settings.routing.load_max_age_s)
+        if self._worker is not None:  # each worker counts its own legs; their /metrics summed count all
+            rows = with_leg_counts(rows, (await self._worker.gather_metrics(self.metrics.render())).decode())
+        return Response(json.dumps(rows_json(rows)), media_type=JSON)
+
+    async def dashboard_page(self, request: Request) -> Response:
+        """The live page (gateway/dashboard.py), for the admin only: it names engines."""
+        if dashboard.grant(self.keys, _authorization(request)) < Access.ADMIN:
+            return dashboard.ask_for_key()
+        return dashboard.page()
+
+    async def dashboard_state(self, request: Request) -> Response:
+        """What the live page polls: engines, recent requests, latency and KV counters."""
+        if dashboard.grant(self.keys, _authorization(request)) < Access.ADMIN:
+            return dashboard.ask_for_key()
+        rows = engine_rows(self.pool, now_s=time.monotonic(), max_age_s=self.settings.routing.load_max_age_s)
+        rows, families = await dashboard.with_metrics(rows, self.metrics, self._worker)
+        body = dashboard.state(rows, families, self.recent.latest(), worker=self._worker)
+        return Response(json.dumps(body), media_type=JSON, headers={"cache-control": "no-store"})
 
     async def live(self, _request: Request) -> Response:
         """Liveness: the gateway's event loop answers. Engines play no part: restarting the
@@ -223,24 +268,29 @@ class GatewayApp:
             await _send_whole(send, 405, body, extra_headers=((b"allow", b"POST"),))
 
 
-def build_app(settings: Settings, source: EndpointSource | None = None, *, worker: Worker | None = None) -> GatewayApp:
+def build_app(settings: Settings, source: EndpointSource | None = None, *, worker: Worker | None = None,
+              span_exporter: SpanExporter | None = None) -> GatewayApp:
     """The gateway as an ASGI app serving ``settings`` (engines must be started elsewhere).
 
     Its engines come from ``source``; by default the configured ones (launched here, or urls).
     ``worker``: this app is one of several processes on the port (gateway/workers.py).
+    ``span_exporter``: where spans go (tests: the SDK's in-memory one) instead of gateway.otlp_traces_endpoint.
     Raises ConfigError for unreadable or malformed access keys.
     """
-    kv_logs = {spec.base_url: Path(settings.launch.log_dir) / f"{spec.name}.log" for spec in settings.engine_specs()}
+    kv_logs = {spec.base_url: settings.engine_log_dir / f"{spec.name}.log" for spec in settings.engine_specs()}
     gateway = Gateway(settings, source or FixedEndpoints(
         prefill_urls=settings.endpoint_urls(Role.PREFILL), decode_urls=settings.endpoint_urls(Role.DECODE),
         kv_logs=kv_logs),
-        load_access_keys(settings.gateway), worker=worker)
+        load_access_keys(settings.gateway), worker=worker, span_exporter=span_exporter)
     routes = [
         Route("/v1/models", gateway.models, methods=["GET"]),
         Route("/health", gateway.health, methods=["GET"]),
         Route("/health/live", gateway.live, methods=["GET"]),
         Route("/health/ready", gateway.ready, methods=["GET"]),
         Route("/metrics", gateway.prometheus, methods=["GET"]),
+        Route("/admin/engines", gateway.engines, methods=["GET"]),
+        Route(dashboard.PAGE_PATH, gateway.dashboard_page, methods=["GET"]),
+        Route(dashboard.STATE_PATH, gateway.dashboard_state, methods=["GET"]),
     ]
     handlers = {HTTPException: _http_error, PdserveError: _pdserve_error, Exception: _pdserve_error}
     rest = Starlette(routes=routes, lifespan=gateway.lifespan, exception_handlers=handlers)
@@ -280,8 +330,20 @@ async def _send_error(send: Send, error: ClientError, *, request_id: str) -> Non
     await _send_whole(send, error.status, error.body(), extra_headers=tuple(extra))
 
 
-async def _send_reply(send: Send, reply: Reply, *, request_id: str) -> None:
-    """The decode engine's reply to the client: SSE bytes relayed as they come, or one JSON body."""
+def offered_transport(scope: Scope) -> asyncio.WriteTransport | None:
+    """The client connection's transport, where the server offers it (gateway/server.py)."""
+    extension = scope.get("extensions", {}).get(TRANSPORT_EXTENSION)
+    return None if extension is None else extension["transport"]
+
+
+async def _send_reply(send: Send, reply: Reply, *, request_id: str, transport: asyncio.WriteTransport | None) -> None:
+    """The decode engine's reply to the client: SSE bytes relayed as they come, or one JSON body.
+
+    A chunk goes straight to ``transport`` (where offered) while nothing waits in its buffer:
+    the bytes uvicorn would write for it, with one call instead of an ASGI message (1-7% less of
+    the gateway's CPU per chunk: docs/benchmarks.md, section 1). With bytes queued (a slow client)
+    it goes through ``send``, which waits for the buffer to drain.
+    """
     extra = ((b"x-request-id", request_id.encode()),)
     if reply.stream is None:
         assert reply.json_body is not None
@@ -291,6 +353,10 @@ async def _send_reply(send: Send, reply: Reply, *, request_id: str) -> None:
                 "headers": [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), *extra]})
     message = {"type": "http.response.body", "body": b"", "more_body": True}  # one dict for every chunk
     async for chunk in reply.stream:
+        if transport is not None and not transport.get_write_buffer_size() and not transport.is_closing():
+            if chunk:  # an empty one would read as the chunked body's end
+                transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+            continue
         message["body"] = chunk
         await send(message)
     await send({"type": "http.response.body", "body": b""})

@@ -1,4 +1,5 @@
-"""Read each decode engine's KV-transfer telemetry and judge the gateway's handoffs by it.
+"""Read each engine's /metrics: every engine's load for routing, and each decode engine's
+KV-transfer telemetry, by which the gateway's handoffs are judged.
 
 A handoff (prefill done -> first decoded token) also waits in the decode engine's queue, so a
 slow one alone says nothing about the transport. WARN only when the engine's own transfers were
@@ -24,12 +25,14 @@ from pdserve.gateway.metrics import EngineKVCollector
 from pdserve.pd.transfer_stats import SAMPLE_PREFIXES as COUNTER_SAMPLES
 from pdserve.pd.transfer_stats import TransferCounters, fetch_metrics_text, parse_counters
 from pdserve.role import Role
-from pdserve.routing.pool import Pool
+from pdserve.routing.load import SAMPLE_PREFIXES as LOAD_SAMPLES
+from pdserve.routing.load import parse_engine_load
+from pdserve.routing.pool import Endpoint, Pool
 
 log = logging.getLogger(__name__)
-# Only the samples the two parsers read: the parser takes tens of ms for an engine's whole page
+# Only the samples the three parsers read: the parser takes tens of ms for an engine's whole page
 # (~50 KB), on the event loop that relays every token.
-READ_PREFIXES = COUNTER_SAMPLES + STATE_SAMPLES
+READ_PREFIXES = tuple(dict.fromkeys(COUNTER_SAMPLES + STATE_SAMPLES + LOAD_SAMPLES))
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,31 +105,43 @@ def _slow_handoffs(handoffs: HandoffTally, *, slow_s: float) -> str:
 
 
 class KVMonitor:
-    """Per decode engine: its last reading and its unlogged busy spell."""
+    """Per decode engine: its last reading and its unlogged busy spell; per engine: its load."""
 
-    def __init__(self, *, spec: GatewaySpec, handoffs: Handoffs, collector: EngineKVCollector) -> None:
+    def __init__(self, *, spec: GatewaySpec, handoffs: Handoffs, collector: EngineKVCollector,
+                 load_interval_s: float | None = None) -> None:
+        """``load_interval_s``: how often every engine's load is read (default ``kv_scrape_interval_s``);
+        the KV counters of one engine are judged at most every ``kv_scrape_interval_s``."""
         self._spec, self._handoffs, self._collector = spec, handoffs, collector
+        self._load_interval_s = spec.kv_scrape_interval_s if load_interval_s is None else load_interval_s
         self._readings: dict[str, Reading] = {}
         self._spells: dict[str, BusySpell] = {}
+        self._judged_s: dict[str, float] = {}  # time.monotonic() of each decode engine's last judged reading
 
     async def watch(self, session: aiohttp.ClientSession, pool: Pool) -> None:
-        """Until cancelled: every ``kv_scrape_interval_s`` read and judge each healthy decode engine;
-        then log the busy spells not logged yet."""
+        """Until cancelled: every ``load_interval_s`` read each healthy engine (all at once, so a slow
+        one delays no other) and judge the decode engines due; then log the busy spells not logged yet."""
         try:
             while True:
-                for endpoint in pool.healthy(Role.DECODE):
-                    try:
-                        text = await fetch_metrics_text(session, endpoint.url, timeout_s=self._spec.health_timeout_s)
-                    except (aiohttp.ClientError, TimeoutError) as exc:
-                        log.debug("no KV counters from %s: %s", endpoint.url, exc)
-                        continue
-                    text = select_samples(text, READ_PREFIXES)
-                    reading = Reading(parse_counters(text),
-                                      parse_engine_state(text, slow_transfer_s=self._spec.slow_handoff_warn_s))
-                    self.judge(endpoint.url, reading, now_s=time.monotonic())
-                await asyncio.sleep(self._spec.kv_scrape_interval_s)
+                endpoints = pool.healthy(Role.PREFILL) + pool.healthy(Role.DECODE)
+                await asyncio.gather(*(self._read(session, endpoint) for endpoint in endpoints))
+                await asyncio.sleep(self._load_interval_s)
         finally:
             self.flush()
+
+    async def _read(self, session: aiohttp.ClientSession, endpoint: Endpoint) -> None:
+        try:
+            text = await fetch_metrics_text(session, endpoint.url, timeout_s=self._spec.health_timeout_s)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.debug("no metrics from %s: %s", endpoint.url, exc)
+            return
+        text, now_s = select_samples(text, READ_PREFIXES), time.monotonic()
+        endpoint.load = parse_engine_load(text, read_s=now_s)
+        if endpoint.role is Role.DECODE and now_s - self._judged_s.get(endpoint.url, -math.inf) >= (
+                self._spec.kv_scrape_interval_s):
+            self._judged_s[endpoint.url] = now_s
+            reading = Reading(parse_counters(text),
+                              parse_engine_state(text, slow_transfer_s=self._spec.slow_handoff_warn_s))
+            self.judge(endpoint.url, reading, now_s=now_s)
 
     def flush(self) -> None:
         """Log every busy spell that holds a slow handoff, whatever the interval."""

@@ -19,6 +19,7 @@ from pdserve.routing.pool import Pool
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TOKEN_GAP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
 MODES = ("pd", "local")
+ENGINE_LEGS_IN_FLIGHT, ENGINE_LEGS_SENT = "pdserve_engine_legs_in_flight", "pdserve_engine_legs_sent"
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,9 +75,33 @@ class GatewayMetrics:
             "pdserve_leg_failures", "Legs that failed and were retried or reported, by role.",
             ["role"], registry=self.registry,
         )
+        self.ejections = Counter(
+            "pdserve_engine_ejections", "Engines taken out of rotation by the circuit breaker, by role.",
+            ["role"], registry=self.registry,
+        )
+        self.local_fallbacks = Counter(
+            "pdserve_local_fallbacks", "PD requests the decode engine prefilled itself because no "
+            "prefill engine could, by reason.", ["reason"], registry=self.registry,
+        )
+        self.decode_switches = Counter(
+            "pdserve_decode_switches", "Requests moved to another decode engine after theirs failed: "
+            "restarted (nothing streamed yet) or resumed (mid-stream).", ["kind"], registry=self.registry,
+        )
+        self.kv_releases = Counter(
+            "pdserve_kv_releases", "KV handoffs no decode leg took, given back to their prefill engine.",
+            registry=self.registry,
+        )
+        self.disaggregation_decisions = Counter(
+            "pdserve_disaggregation_decisions",
+            "Requests by how they were served (pd: prefill engine then decode engine; local: the decode "
+            "engine alone) and why (routing/decision.py's Reason).",
+            ["decision", "reason"], registry=self.registry,
+        )
 
         self.engine_kv = EngineKVCollector(pool)
         self.registry.register(self.engine_kv)
+        if pool is not None:
+            self.registry.register(EngineLegsCollector(pool))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -123,3 +148,21 @@ class EngineKVCollector(Collector):
                 path = paths.get(url, KvPath())
                 family.add_metric([url, ",".join(path.backends), path.provider], getattr(counters, field))
             yield family
+
+
+class EngineLegsCollector(Collector):
+    """Per engine, this process's legs: open now and sent in all. Summed over gateway workers by
+    /metrics, which is where ``pdserve status`` takes them from when there are several."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+
+    def collect(self) -> Iterator[Metric]:
+        in_flight = GaugeMetricFamily(ENGINE_LEGS_IN_FLIGHT, "Legs open on the engine.", labels=["role", "endpoint"])
+        sent = CounterMetricFamily(ENGINE_LEGS_SENT, "Legs sent to the engine.", labels=["role", "endpoint"])
+        for role in Role:
+            for endpoint in self._pool.all(role):
+                in_flight.add_metric([role.value, endpoint.url], endpoint.in_flight)
+                sent.add_metric([role.value, endpoint.url], endpoint.routed)
+        yield in_flight
+        yield sent

@@ -2,6 +2,15 @@
 
 Knows nothing of HTTP servers: it gets a validated body and returns a Reply. Errors are raised
 (see errors.py) until the first byte is relayed; after that a stream ends with one SSE error.
+
+What a fault costs the client (docs/reliability.md):
+1. Prefill fails on every engine tried: the decode engine prefills the prompt itself (local).
+2. The decode engine fails before its first byte: the prompt goes to another decode engine, local.
+3. It fails mid-stream: another decode engine continues from the text already sent (pd/resume.py),
+   where that keeps the distribution; otherwise one SSE error event.
+4. A handoff no decode engine was ever sent is given back at once (pd/decode.release_kv), so the
+   prefill engine does not hold its blocks until the connector's lease runs out.
+Engines that keep failing leave the rotation for a while (routing/breaker.py).
 """
 
 from __future__ import annotations
@@ -9,210 +18,213 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
-from enum import StrEnum
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from pdserve.config import GatewaySpec
 from pdserve.errors import LegFailed, NoHealthyEndpoint
 from pdserve.gateway.admission import Admission
+from pdserve.gateway.call import Call, Reply
 from pdserve.gateway.handoffs import Handoffs
-from pdserve.gateway.metrics import GatewayMetrics, ModeMetrics
-from pdserve.pd import decode, legs, prefill
-from pdserve.pd.engine_http import EngineClient, EngineReply, EngineUnreachable
+from pdserve.gateway.metrics import GatewayMetrics
+from pdserve.gateway.recent import RecentRequests
+from pdserve.gateway.relay import DecodeLeg, Relay
+from pdserve.gateway.tracing import LegTrace
+from pdserve.pd import decode, prefill
+from pdserve.pd.engine_http import EngineClient, EngineReply
 from pdserve.pd.kv import KVTransferParams
-from pdserve.protocol import sse_error_event
 from pdserve.role import Role
+from pdserve.routing import breaker
+from pdserve.routing.decision import Mode
 from pdserve.routing.policy import Policy
 from pdserve.routing.pool import Endpoint, Pool
+from pdserve.routing.prefix import PromptKey
+from pdserve.routing.router import KeyedPolicy, Router
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class Mode(StrEnum):
-    PD = "pd"  # prefill engine, then decode engine
-    LOCAL = "local"  # the decode engine does both phases (diagnosis, comparison)
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """What the orchestrator needs to know about one client request."""
-
-    path: str  # /v1/completions or /v1/chat/completions
-    body: dict[str, Any]
-    request_id: str
-    mode: Mode
-    arrived_s: float  # time.perf_counter() at arrival
-
-    @property
-    def is_stream(self) -> bool:
-        return bool(self.body.get("stream"))
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """Either a whole JSON body or a stream of SSE bytes (exactly one is set).
-
-    ``close`` must be called once the stream is done or abandoned: a stream that was never
-    iterated (client gone before the first byte) cannot clean up after itself.
-    """
-
-    json_body: bytes | None = None
-    stream: AsyncIterator[bytes] | None = None
-    close: Callable[[], None] = lambda: None
-
-
 class Orchestrator:
     def __init__(
-        self, *, client: EngineClient, pool: Pool, admission: Admission, policy: Policy,
+        self, *, client: EngineClient, pool: Pool, admission: Admission, router: Router,
         spec: GatewaySpec, connector: str, metrics: GatewayMetrics, handoffs: Handoffs,
+        recent: RecentRequests | None = None,
     ) -> None:
-        self._client, self._pool, self._admission, self._policy = client, pool, admission, policy
+        self._client, self._pool, self._admission, self._router = client, pool, admission, router
         self._spec, self._connector, self._metrics, self._handoffs = spec, connector, metrics, handoffs
+        self._releases: set[asyncio.Task[None]] = set()  # handoffs being given back (owned: see close)
+        self.recent = RecentRequests() if recent is None else recent  # what the live page lists
 
     async def run(self, call: Call) -> Reply:
-        """Serve ``call``: returns once the decode engine has accepted the request."""
-        decode_body, prefill_done_s = call.body, None
-        if call.mode is Mode.PD:
-            kv = await self._run_prefill(call)
-            decode_body, prefill_done_s = decode.make_body(call.body, kv), time.perf_counter()
-        stack = ExitStack()
+        """Serve ``call``: returns once the decode engine has accepted the request.
+
+        The decode engine is chosen first (routing/router.py: its load against the prompt's
+        cached prefix); then whether a prefill engine computes the prompt, or that decode engine.
+        """
+        key = self._router.key(call.body)
+        preferred = self._choose_decode(key)
+        decision = self._router.decide(key, preferred, prefill=self._pool.healthy(Role.PREFILL), requested=call.mode)
+        decode_policy = KeyedPolicy(self._router, key, preferred=preferred)
+        self._metrics.disaggregation_decisions.labels(decision.mode.value, decision.reason.value).inc()
+        kv = await self._prefill_or_local(call, key) if decision.mode is Mode.PD else None
+        decode_body = call.body if kv is None else decode.make_body(call.body, kv)
+        prefill_done_s = None if kv is None else time.perf_counter()
+        tried: list[Endpoint] = []
         try:
-            endpoint, response = await self._failover(
-                Role.DECODE, call.request_id, stack,
-                lambda url: decode.open_stream(self._client, url + call.path, decode_body, request_id=call.request_id,
-                                               idle_timeout_s=self._spec.decode_idle_timeout_s),
-            )
+            leg = await self._open_decode(call, decode_body, tried, decode_policy)
         except BaseException:
-            stack.close()
+            if kv is not None and not tried:  # no decode engine ever saw this handoff
+                self._release(kv, call.request_id)
             raise
-        relay = _Relay(call, endpoint, response, stack, self._metrics, prefill_done_s, self._spec, self._handoffs)
+        self._router.record(key, leg.endpoint)
+        relay = Relay(call, leg, mode=Mode.PD if kv is not None else Mode.LOCAL, prefill_done_s=prefill_done_s,
+                      prefill_url=None if kv is None else kv.prefill_url,
+                      reopen=lambda body: self._open_decode(call, body, tried, decode_policy),
+                      leg_failed=self.leg_failed, spec=self._spec, metrics=self._metrics, handoffs=self._handoffs,
+                      recent=self.recent)
         if call.is_stream:
             return Reply(stream=relay.stream(), close=relay.finish)
         return Reply(json_body=await relay.read_whole())
 
-    async def _run_prefill(self, call: Call) -> KVTransferParams:
+    async def close(self) -> None:
+        """Cancel the handoffs still being given back (gateway shutdown)."""
+        for task in self._releases:
+            task.cancel()
+        await asyncio.gather(*self._releases, return_exceptions=True)
+
+    def _choose_decode(self, key: PromptKey) -> Endpoint:
+        """The decode engine the router prefers for this prompt, among those with room if any has.
+        Waiting for room, if it comes to that, happens once the prompt is prefilled (``_failover``)."""
+        healthy = self._pool.healthy(Role.DECODE)
+        if not healthy:
+            raise NoHealthyEndpoint(Role.DECODE)
+        limit = self._spec.max_in_flight_per_engine
+        return self._router.choose(key, [endpoint for endpoint in healthy if endpoint.in_flight < limit] or healthy)
+
+    async def _prefill_or_local(self, call: Call, key: PromptKey) -> KVTransferParams | None:
+        """The prefill leg's KV parameters; None when no prefill engine could prefill and the
+        decode engine is to do it itself (``local_fallback``)."""
+        try:
+            return await self._run_prefill(call, key)
+        except (LegFailed, NoHealthyEndpoint) as exc:
+            if not (self._spec.local_fallback and call.may_prefill_locally):
+                raise
+            reason = "no_prefill_engine" if isinstance(exc, NoHealthyEndpoint) else (
+                "prefill_timeout" if exc.is_timeout else "prefill_failed")
+            self._metrics.local_fallbacks.labels(reason).inc()
+            log.warning("request_id=%s no prefill engine could prefill (%s): the decode engine prefills it",
+                        call.request_id, reason)
+            return None
+
+    async def _run_prefill(self, call: Call, key: PromptKey) -> KVTransferParams:
         body = prefill.make_body(call.body, connector=self._connector)
+
+        async def attempt(endpoint: Endpoint) -> KVTransferParams:
+            trace = call.trace.leg(Role.PREFILL, endpoint.url)
+            with self._router.prefilling(key, endpoint), trace.attempt():
+                kv = await prefill.run(self._client, endpoint.url + call.path, body, request_id=call.request_id,
+                                       timeout_s=self._spec.prefill_timeout_s, trace_headers=trace.headers)
+            trace.prefilled(kv)
+            return kv
+
         with ExitStack() as stack:
-            _, kv = await self._failover(
-                Role.PREFILL, call.request_id, stack,
-                lambda url: prefill.run(self._client, url + call.path, body,
-                                        request_id=call.request_id, timeout_s=self._spec.prefill_timeout_s),
-            )
+            endpoint, kv = await self._failover(Role.PREFILL, call.request_id, stack, [], KeyedPolicy(self._router, key),
+                                                attempt)
+        self._router.record(key, endpoint)
         elapsed_s = time.perf_counter() - call.arrived_s
         self._metrics.legs[Role.PREFILL].observe(elapsed_s)
         # Written once the decode leg is on its way: a log line costs ~0.1 ms of the loop under
         # load (record, format, write), which the decode leg, and so the first token, would wait for.
         asyncio.get_running_loop().call_soon(
-            log.info, "request_id=%s role=prefill status=200 elapsed_ms=%.1f prompt_tokens=%d kv_blocks=%d",
-            call.request_id, elapsed_s * 1000, kv.prompt_tokens, kv.block_count,
+            log.info, "request_id=%s role=prefill endpoint=%s status=200 elapsed_ms=%.1f prompt_tokens=%d kv_blocks=%d",
+            call.request_id, endpoint.url, elapsed_s * 1000, kv.prompt_tokens, kv.block_count,
         )
-        return kv
+        return replace(kv, prefill_url=endpoint.url)
+
+    async def _open_decode(self, call: Call, body: dict[str, Any], tried: list[Endpoint], policy: Policy) -> DecodeLeg:
+        """Send ``body`` to a decode engine not in ``tried`` (which grows by each one tried).
+
+        A stream waits at most ``first_token_timeout_s`` for its headers; a whole reply, whose
+        headers come with its last token, until the request's deadline.
+        """
+        timeout_s = call.time_left_s(self._spec)
+        if call.is_stream:
+            timeout_s = min(timeout_s, self._spec.first_token_timeout_s)
+        stack = ExitStack()
+
+        async def attempt(endpoint: Endpoint) -> tuple[EngineReply, LegTrace]:
+            trace = call.trace.leg(Role.DECODE, endpoint.url)
+            with trace.attempt():
+                return await decode.open_stream(self._client, endpoint.url + call.path, body, request_id=call.request_id,
+                                                timeout_s=timeout_s, trace_headers=trace.headers), trace
+
+        try:
+            endpoint, (response, trace) = await self._failover(Role.DECODE, call.request_id, stack, tried, policy,
+                                                               attempt)
+        except BaseException:
+            stack.close()
+            raise
+        return DecodeLeg(endpoint, response, stack, trace)
 
     async def _failover(
-        self, role: Role, request_id: str, stack: ExitStack, attempt: Callable[[str], Awaitable[T]]
+        self, role: Role, request_id: str, stack: ExitStack, tried: list[Endpoint], policy: Policy,
+        attempt: Callable[[Endpoint], Awaitable[T]],
     ) -> tuple[Endpoint, T]:
-        """Run ``attempt`` on a chosen endpoint; on LegFailed try the next healthy one.
+        """Run ``attempt`` on the endpoint ``policy`` chooses among those not in ``tried``; on
+        LegFailed try the next healthy one.
 
         Safe because a failed leg produced nothing the client saw. While every candidate is at
         ``max_in_flight_per_engine``, waits in line (raises Overloaded past the queue's bounds).
         The chosen endpoint's engine slot is held on ``stack`` until the caller closes it.
         """
-        tried: list[Endpoint] = []
         last_error: LegFailed | None = None
         for _ in range(self._spec.leg_attempts):
             candidates = await self._admission.engines_with_room(
                 role, lambda: [endpoint for endpoint in self._pool.healthy(role) if endpoint not in tried])
             if not candidates:
                 break
-            endpoint = self._policy.choose(candidates)
+            endpoint = policy.choose(candidates)
             tried.append(endpoint)
             with ExitStack() as attempt_stack:
                 attempt_stack.enter_context(self._admission.engine_slot(endpoint))
                 try:
-                    result = await attempt(endpoint.url)
+                    result = await attempt(endpoint)
                 except LegFailed as exc:
-                    self._metrics.leg_failures.labels(role.value).inc()
-                    if exc.status is None:
-                        endpoint.is_healthy = False  # unreachable: skip it until /health answers
-                    log.warning("request_id=%s role=%s endpoint=%s leg failed: %s",
-                                request_id, role.value, endpoint.url, exc)
+                    self.leg_failed(endpoint, request_id, exc, is_unreachable=exc.status is None)
                     last_error = exc
                     continue
+                breaker.record_success(endpoint)
                 stack.enter_context(attempt_stack.pop_all())
                 return endpoint, result
         if last_error is not None:
             raise last_error
         raise NoHealthyEndpoint(role)
 
+    def leg_failed(self, endpoint: Endpoint, request_id: str, exc: Exception, *, is_unreachable: bool) -> None:
+        """Count, log and feed the circuit breaker one failed leg."""
+        self._metrics.leg_failures.labels(endpoint.role.value).inc()
+        if is_unreachable:
+            endpoint.is_healthy = False  # skip it until /health answers
+        if breaker.record_failure(endpoint, spec=self._spec, now_s=time.monotonic()):
+            self._metrics.ejections.labels(endpoint.role.value).inc()
+        log.warning("request_id=%s role=%s endpoint=%s leg failed: %s", request_id, endpoint.role.value,
+                    endpoint.url, exc)
 
-class _Relay:
-    """Relays the decode engine's reply to the client and records its timing."""
+    def _release(self, kv: KVTransferParams, request_id: str) -> None:
+        """Give a handoff back to its prefill engine through a decode engine, in the background."""
+        decode_engines = self._pool.healthy(Role.DECODE)
+        if not decode_engines:
+            return  # the connector's lease frees it
+        url = min(decode_engines, key=lambda endpoint: endpoint.in_flight).url
+        task = asyncio.create_task(decode.release_kv(self._client, url, kv, request_id=request_id,
+                                                     timeout_s=self._spec.connect_timeout_s))
+        self._releases.add(task)
+        task.add_done_callback(self._released)
 
-    def __init__(
-        self, call: Call, endpoint: Endpoint, response: EngineReply, stack: ExitStack,
-        metrics: GatewayMetrics, prefill_done_s: float | None, spec: GatewaySpec, handoffs: Handoffs,
-    ) -> None:
-        self._call, self._endpoint, self._response, self._stack = call, endpoint, response, stack
-        self._metrics, self._prefill_done_s = metrics, prefill_done_s
-        self._handoffs, self._idle_timeout_s = handoffs, spec.decode_idle_timeout_s
-        self._mode: ModeMetrics = metrics.modes[call.mode.value]
-        self._is_finished = False
-
-    async def read_whole(self) -> bytes:
-        try:
-            payload = await self._response.read(idle_timeout_s=self._idle_timeout_s)
-        except (EngineUnreachable, TimeoutError) as exc:
-            raise legs.leg_failed(Role.DECODE, self._endpoint.url, exc, status=200,
-                                  timeout_s=self._idle_timeout_s) from exc
-        finally:
-            self.finish()
-        self._mode.ttft.observe(time.perf_counter() - self._call.arrived_s)
-        return payload
-
-    async def stream(self) -> AsyncIterator[bytes]:
-        """Pass the engine's SSE bytes through untouched, chunk by chunk, as they arrive."""
-        # Per chunk: one clock read and one lock-free histogram count (gateway/token_gaps.py).
-        observe_gap, previous_s = self._mode.itl.observe, None
-        try:
-            async for chunk in self._response.chunks(idle_timeout_s=self._idle_timeout_s):
-                now_s = time.perf_counter()
-                if previous_s is None:
-                    self._first_token(now_s)
-                else:
-                    observe_gap(now_s - previous_s)
-                previous_s = now_s
-                yield chunk
-        except (EngineUnreachable, TimeoutError) as exc:
-            log.error("request_id=%s role=decode endpoint=%s stream broke: %r",
-                      self._call.request_id, self._endpoint.url, exc)
-            yield sse_error_event(f"the decode engine's stream broke (request id {self._call.request_id})",
-                                  code="decode_stream_failed")
-        finally:
-            self.finish()
-
-    def _first_token(self, now_s: float) -> None:
-        self._mode.ttft.observe(now_s - self._call.arrived_s)
-        if self._prefill_done_s is None:
-            return
-        handoff_s = now_s - self._prefill_done_s
-        self._metrics.kv_handoff.observe(handoff_s)
-        self._metrics.legs[Role.DECODE].observe(handoff_s)
-        # Slow or not is judged later against the engine's own transfer times (kv_monitor.py):
-        # a handoff also waits in a busy decode engine's queue, which is load, not the transport.
-        self._metrics.kv_handoff_queue.observe(self._handoffs.record(self._endpoint.url, handoff_s))
-
-    def finish(self) -> None:
-        """Close the upstream reply and record the request; idempotent."""
-        if self._is_finished:
-            return
-        self._is_finished = True
-        elapsed_s = time.perf_counter() - self._call.arrived_s
-        self._mode.e2e.observe(elapsed_s)
-        self._response.close()  # an unfinished upstream sees the disconnect and aborts
-        self._stack.close()
-        log.info("request_id=%s role=decode endpoint=%s status=200 elapsed_ms=%.1f",
-                 self._call.request_id, self._endpoint.url, elapsed_s * 1000)
+    def _released(self, task: asyncio.Task[None]) -> None:
+        self._releases.discard(task)
+        if not task.cancelled() and task.exception() is None:
+            self._metrics.kv_releases.inc()

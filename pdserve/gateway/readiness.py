@@ -16,9 +16,11 @@ from enum import StrEnum
 from typing import Any
 
 from pdserve.errors import PdserveError
+from pdserve.gateway.call import Call
 from pdserve.gateway.client_errors import client_error
-from pdserve.gateway.orchestrator import Call, Mode, Orchestrator
+from pdserve.gateway.orchestrator import Orchestrator
 from pdserve.role import Role
+from pdserve.routing.decision import Mode
 from pdserve.routing.pool import Pool
 
 log = logging.getLogger(__name__)
@@ -67,7 +69,7 @@ async def warm_up(orchestrator: Orchestrator, readiness: Readiness, *, model: st
     """One short request through both legs; records in ``readiness`` whether it went through."""
     request_id = f"warm-up-{uuid.uuid4().hex[:12]}"
     call = Call(path=WARM_UP_PATH, body={"model": model, "prompt": "warm up", "max_tokens": 2},
-                request_id=request_id, mode=Mode.PD, arrived_s=time.perf_counter())
+                request_id=request_id, mode=Mode.PD, arrived_s=time.perf_counter(), may_prefill_locally=False)
     try:
         reply = await orchestrator.run(call)
     except PdserveError as exc:

@@ -11,8 +11,8 @@ from starlette.types import Receive, Scope
 
 from pdserve.errors import BadRequest
 from pdserve.gateway.disconnect import ClientDisconnected
-from pdserve.gateway.orchestrator import Mode
 from pdserve.protocol import PD_MODE_HEADER, REQUEST_ID_HEADER
+from pdserve.routing.decision import Mode
 
 _REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,256}")
 
@@ -40,9 +40,10 @@ def request_id(header: bytes | None) -> str:
     return header.decode("ascii")
 
 
-def parse_mode(header: bytes | None) -> Mode:
+def parse_mode(header: bytes | None) -> Mode | None:
+    """The client's X-PD-Mode; None when it sent none (the router decides, routing/decision.py)."""
     if header is None:
-        return Mode.PD
+        return None
     value = header.decode("latin-1")
     try:
         return Mode(value.strip().lower())

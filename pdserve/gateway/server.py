@@ -19,11 +19,12 @@ from typing import Protocol
 import uvicorn
 import uvloop
 from starlette.types import ASGIApp
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from pdserve.access import load_access_keys
 from pdserve.config import Settings
 from pdserve.errors import EngineStartFailed
-from pdserve.gateway.app import build_app
+from pdserve.gateway.app import TRANSPORT_EXTENSION, build_app
 from pdserve.gateway.workers import SharedHealth, Worker, reuseport_socket
 from pdserve.logs import logging_off_the_loop
 
@@ -46,17 +47,30 @@ def make_gateway_server(settings: Settings, *, handle_signals: bool = False) -> 
     return make_server(build_app(settings), host=spec.host, port=spec.port, handle_signals=handle_signals)
 
 
+class TransportOffering(HttpToolsProtocol):
+    """uvicorn's httptools protocol, also offering the app each request's client transport as the
+    scope extension TRANSPORT_EXTENSION: the completion routes write relayed chunks to it directly
+    (gateway/app.py). An app that ignores the extension sees plain uvicorn."""
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.scope["extensions"] = {TRANSPORT_EXTENSION: {"transport": self.transport}}
+
+
 def make_server(app: ASGIApp, *, host: str, port: int, handle_signals: bool = False) -> uvicorn.Server:
     """A uvicorn server for ``app``; ``await server.serve()`` runs it until ``should_exit``.
 
-    httptools parses HTTP in C where installed (h11 otherwise); access logs are off because the gateway logs one line per leg.
+    httptools parses HTTP in C, and the app is offered each connection's transport (TransportOffering);
+    access logs are off because the gateway logs one line per leg.
+    uvicorn's own records (warnings and up) go to the root logger, so they come out in the chosen
+    log format, written off the loop like the rest (logs.py).
     No X-Forwarded-* rewriting: the gateway never uses the client's address, so that layer would
     only cost time on every request.
     Unless ``handle_signals``, signals stay with the caller (``pdserve up`` has engines to stop).
     """
     config = uvicorn.Config(
-        app, host=host, port=port, http="auto", loop="none", lifespan="on",
-        access_log=False, log_level="warning", timeout_keep_alive=30, backlog=4096,
+        app, host=host, port=port, http=TransportOffering, loop="none", lifespan="on",
+        access_log=False, log_level="warning", log_config=None, timeout_keep_alive=30, backlog=4096,
         proxy_headers=False, server_header=False,
     )
     server = uvicorn.Server(config)
@@ -121,7 +135,8 @@ def _stop(processes: Sequence[multiprocessing.process.BaseProcess]) -> None:
 
 def _worker_main(settings: Settings, worker: Worker, parent_pid: int) -> None:
     """One worker process: the gateway app under uvicorn on a SO_REUSEPORT socket."""
-    with logging_off_the_loop(logging.INFO), asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+    with logging_off_the_loop(logging.INFO, log_format=settings.launch.log_format), \
+            asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(_serve_worker(settings, worker, parent_pid))
 
 

@@ -2,8 +2,8 @@
 
 Each worker binds the port with SO_REUSEPORT, so the kernel spreads connections over them, and
 runs the whole gateway app with its own pool, engine connections and metrics. Worker 0 alone
-probes engine health and scrapes KV counters, and publishes health in shared memory that the
-others copy into their pools. ``/metrics`` on any worker gathers every worker's registry over
+probes engine health and scrapes engines' metrics, and publishes health and load in shared memory
+that the others copy into their pools. ``/metrics`` on any worker gathers every worker's registry over
 unix sockets and sums them. In-flight counts stay per worker (see ``docs/architecture.md``).
 The processes themselves are started by gateway/server.py.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import multiprocessing
 import socket
@@ -27,28 +28,40 @@ from prometheus_client.parser import text_string_to_metric_families
 from pdserve.config import Settings
 from pdserve.errors import EngineStartFailed
 from pdserve.role import Role
+from pdserve.routing.load import EngineLoad
 from pdserve.routing.pool import Pool
 
 log = logging.getLogger(__name__)
-_SYNC_INTERVAL_S = 0.25  # how soon a worker sees a health change worker 0 made
+_SYNC_INTERVAL_S = 0.25  # how soon a worker sees a health change or load reading worker 0 made
+_LOAD_FIELDS = len(dataclasses.fields(EngineLoad))
 _GATHER_TIMEOUT_S = 2.0
 
 
 class SharedHealth:
-    """One byte per configured engine (prefill urls, then decode urls): 1 = healthy."""
+    """Per configured engine (prefill urls, then decode urls): one byte, 1 = healthy, and its last
+    load reading (routing/load.py) as doubles, which routing in every worker weighs."""
 
     def __init__(self, settings: Settings) -> None:
         self._keys = [(role, url.rstrip("/")) for role in (Role.PREFILL, Role.DECODE)
                       for url in settings.endpoint_urls(role)]
-        self._flags: SynchronizedArray[int] = multiprocessing.get_context("spawn").Array("b", [1] * len(self._keys))
+        context = multiprocessing.get_context("spawn")
+        self._flags: SynchronizedArray[int] = context.Array("b", [1] * len(self._keys))
+        self._loads: SynchronizedArray[float] = context.Array(
+            "d", [value for _ in self._keys for value in dataclasses.astuple(EngineLoad())])
 
     def publish(self, pool: Pool) -> None:
-        """Write ``pool``'s health (worker 0's, which probes) for the others."""
-        flags = {(endpoint.role, endpoint.url): endpoint.is_healthy for role in Role for endpoint in pool.all(role)}
-        self._flags[:] = [int(flags.get(key, True)) for key in self._keys]
+        """Write ``pool``'s health and loads (worker 0's, which probes and scrapes) for the others."""
+        endpoints = {(endpoint.role, endpoint.url): endpoint for role in Role for endpoint in pool.all(role)}
+        self._flags[:] = [int(endpoints[key].is_healthy) if key in endpoints else 1 for key in self._keys]
+        self._loads[:] = [value for key in self._keys for value in dataclasses.astuple(
+            endpoints[key].load if key in endpoints else EngineLoad())]
 
     def read(self) -> dict[tuple[Role, str], bool]:
         return {key: bool(flag) for key, flag in zip(self._keys, self._flags[:], strict=True)}
+
+    def read_loads(self) -> dict[tuple[Role, str], EngineLoad]:
+        values, width = self._loads[:], _LOAD_FIELDS
+        return {key: EngineLoad(*values[index * width:(index + 1) * width]) for index, key in enumerate(self._keys)}
 
     async def publish_forever(self, pool: Pool, *, interval_s: float = _SYNC_INTERVAL_S) -> None:
         while True:
@@ -60,12 +73,13 @@ class SharedHealth:
         down after a failed leg keeps it down until worker 0's probes change their verdict."""
         applied: dict[tuple[Role, str], bool] = {}
         while True:
-            current = self.read()
-            if current != applied:
-                for role in Role:
-                    for endpoint in pool.all(role):
+            current, loads = self.read(), self.read_loads()
+            for role in Role:
+                for endpoint in pool.all(role):
+                    endpoint.load = loads.get((role, endpoint.url), endpoint.load)
+                    if current != applied:
                         endpoint.is_healthy = current.get((role, endpoint.url), endpoint.is_healthy)
-                applied = current
+            applied = current
             await asyncio.sleep(interval_s)
 
 

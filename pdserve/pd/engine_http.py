@@ -164,11 +164,16 @@ class EngineReply:
             return b"".join(self._parts)
         return b"".join([part async for part in self.chunks(idle_timeout_s=idle_timeout_s)])
 
-    async def chunks(self, *, idle_timeout_s: float | None = None) -> AsyncIterator[bytes]:
+    async def chunks(
+        self, *, idle_timeout_s: float | None = None, first_timeout_s: float | None = None
+    ) -> AsyncIterator[bytes]:
         """The body as it arrives: each piece is all that came since the last one (an engine's
         events that reach the gateway together leave it together). Raises EngineUnreachable, or
-        TimeoutError once the engine has sent nothing for ``idle_timeout_s`` while we waited."""
-        self._idle_timeout_s, self._last_bytes_s = idle_timeout_s, time.monotonic()
+        TimeoutError once the engine has sent nothing for ``idle_timeout_s`` while we waited
+        (``first_timeout_s``, if given, for the first piece: a decode engine's first token waits
+        for the KV pull and the engine's queue)."""
+        self._idle_timeout_s = idle_timeout_s if first_timeout_s is None else first_timeout_s
+        self._last_bytes_s = time.monotonic()
         try:
             while True:
                 parts = self._parts
@@ -177,6 +182,7 @@ class EngineReply:
                     self._buffered_bytes = 0
                     self._connection.resume_reading()
                     yield parts[0] if len(parts) == 1 else b"".join(parts)
+                    self._idle_timeout_s = idle_timeout_s
                 elif self._is_complete:
                     return
                 else:

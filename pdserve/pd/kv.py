@@ -30,6 +30,7 @@ class KVTransferParams:
 
     fields: Mapping[str, Any]
     prompt_tokens: int
+    prefill_url: str = ""  # the prefill engine holding the blocks (set by the orchestrator; not sent)
 
     @property
     def block_count(self) -> int:

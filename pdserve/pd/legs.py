@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from pdserve.errors import LegFailed, UpstreamRejected
@@ -20,14 +21,18 @@ async def post(
     role: Role,
     request_id: str,
     timeout_s: float,
+    trace_headers: Mapping[str, str] | None = None,
 ) -> EngineReply:
     """POST ``body`` as JSON; return the open reply once its status is 200.
 
-    ``timeout_s`` bounds connecting and waiting for the reply's status line. Raises
+    ``timeout_s`` bounds connecting and waiting for the reply's status line. ``trace_headers``
+    (W3C traceparent, tracestate: gateway/tracing.py) go along when given. Raises
     UpstreamRejected on a 4xx (the client's fault, relayed) and LegFailed on anything else:
     connection errors, timeouts, 5xx. The caller owns (and must close) the reply.
     """
     headers = {REQUEST_ID_HEADER: request_id, "Content-Type": "application/json"}
+    if trace_headers:
+        headers.update(trace_headers)
     try:
         async with asyncio.timeout(timeout_s):
             reply = await client.post(url, json.dumps(body).encode(), headers=headers)

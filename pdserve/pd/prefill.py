@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from pdserve.errors import LegFailed
@@ -39,13 +40,15 @@ async def run(
     *,
     request_id: str,
     timeout_s: float,
+    trace_headers: Mapping[str, str] | None = None,
 ) -> KVTransferParams:
     """POST the prefill body to ``url``; return the engine's KV transfer parameters.
 
     ``timeout_s`` bounds the whole leg. Raises UpstreamRejected (4xx, e.g. prompt too long) or LegFailed.
     """
     deadline_s = asyncio.get_running_loop().time() + timeout_s
-    response = await legs.post(client, url, body, role=Role.PREFILL, request_id=request_id, timeout_s=timeout_s)
+    response = await legs.post(client, url, body, role=Role.PREFILL, request_id=request_id, timeout_s=timeout_s,
+                               trace_headers=trace_headers)
     try:
         async with asyncio.timeout_at(deadline_s):
             reply = json.loads(await response.read())

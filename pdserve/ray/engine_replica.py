@@ -16,7 +16,6 @@ import os
 import socket
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -56,9 +55,9 @@ class EngineReplica:
         command = build_engine_command(
             self._spec, model=settings.model, model_path=model_path, layout=layout, kv=settings.kv,
             python=settings.launch.python or sys.executable, host=self._spec.host, cpu_bind=cpu_bind,
-            link=probe_host_link(),
+            link=probe_host_link(), otlp_traces_endpoint=settings.gateway.otlp_traces_endpoint,
         )
-        log_path = Path(settings.launch.log_dir).resolve() / f"{self._spec.name}-{self._spec.instance}.log"
+        log_path = settings.engine_log_dir.resolve() / f"{self._spec.name}-{self._spec.instance}.log"
         self._engine = EngineProcess(self._spec, command, log_path=log_path)
         self._kv_path_log = KvPathLog(log_path)  # the engine may run on another node than `pdserve verify`
         self._session = aiohttp.ClientSession()
@@ -139,13 +138,16 @@ class Unanswered:
 def replica_engine_spec(
     settings: Settings, role: Role, *, host: str, rank: int, local_rank: int, instance: str, gpu_ids: list[int]
 ) -> EngineSpec:
-    """The engine of one replica: the pool's settings on this node's address, a free API port, and
-    the same NIXL side-channel port every time this rank starts on this node where it is free:
-    vLLM keys its compile cache on that port, and a new one costs a full compile."""
+    """The engine of one replica: the pool's settings on this node's address, and ports that stay
+    the same every time this rank starts on this node where they are free: the API port
+    ``base_port + local_rank`` (on Kubernetes, the worker pod's named port that Prometheus
+    scrapes), and the NIXL side-channel port (vLLM keys its compile cache on it, and a new one
+    costs a full compile)."""
     pool = settings.pool(role)
     side_channel_port = settings.kv.side_channel_base_port + 2 * local_rank + (role is Role.DECODE)
     return EngineSpec(
-        role=role, index=rank, port=free_port(host), side_channel_port=port_if_free(host, side_channel_port),
+        role=role, index=rank, port=port_if_free(host, pool.base_port + local_rank),
+        side_channel_port=port_if_free(host, side_channel_port),
         gpu_ids=gpu_ids, cpu_threads_bind="", pool=pool, host=host, instance=instance,
     )
 
@@ -169,7 +171,8 @@ def port_if_free(host: str, port: int) -> int:
         try:
             probe_socket.bind((host, port))
         except OSError:
-            log.warning("port %s:%d is taken; using another (the engine compiles afresh)", host, port)
+            log.warning("port %s:%d is taken; using another (a new side-channel port means a fresh compile)",
+                        host, port)
             return free_port(host)
         return port
 

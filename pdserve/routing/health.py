@@ -32,6 +32,9 @@ def record(endpoint: Endpoint, problem: str | None, *, unhealthy_after_failures:
     if is_healthy != endpoint.is_healthy:
         if is_healthy:
             log.info("%s endpoint %s is healthy again", endpoint.role.value, endpoint.url)
+            # Back from down (a restarted engine is a new process): the circuit breaker starts over.
+            endpoint.failed_legs = endpoint.ejections_in_row = 0
+            endpoint.ejected_until_s = 0.0
         else:
             log.warning("%s endpoint %s is UNHEALTHY (%s); no requests go there until it recovers",
                         endpoint.role.value, endpoint.url, problem)

@@ -5,12 +5,14 @@ Which engines exist is told by an endpoint source (routing/sources.py); the pool
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from pdserve.engines.kv_path import KvPath
 from pdserve.role import Role
+from pdserve.routing.load import EngineLoad
 
 
 @dataclass(slots=True)
@@ -22,8 +24,15 @@ class Endpoint:
     is_healthy: bool = True
     in_flight: int = 0
     failed_probes: int = 0  # in a row
+    # Circuit breaker (routing/breaker.py): failed legs in a row, and out of rotation until then.
+    failed_legs: int = 0
+    ejections_in_row: int = 0
+    ejected_until_s: float = 0.0  # time.monotonic()
     # The KV path the engine logged (backends, transports, provider, buffer): /health, /metrics, verify.
     kv_path: KvPath = field(default_factory=KvPath)
+    load: EngineLoad = field(default_factory=EngineLoad)  # its own /metrics, as last read (kv_monitor.py)
+    routed: int = 0  # legs this gateway process has sent it
+    queued_prefill_tokens: float = 0.0  # uncached prompt tokens of this process's prefill legs open on it
 
 
 class Pool:
@@ -48,11 +57,16 @@ class Pool:
         return self._endpoints[role]
 
     def healthy(self, role: Role) -> list[Endpoint]:
-        return [endpoint for endpoint in self._endpoints[role] if endpoint.is_healthy]
+        """Endpoints that answer their health probe and are not ejected by the circuit breaker."""
+        now_s = time.monotonic()
+        return [endpoint for endpoint in self._endpoints[role]
+                if endpoint.is_healthy and endpoint.ejected_until_s <= now_s]
 
     @contextmanager
     def in_flight(self, endpoint: Endpoint) -> Iterator[Endpoint]:
+        """Count one leg on ``endpoint`` for the block (and one more leg sent it, for good)."""
         endpoint.in_flight += 1
+        endpoint.routed += 1
         try:
             yield endpoint
         finally:

@@ -13,11 +13,11 @@ from typing import Any
 
 import aiohttp
 
-from pdserve.gateway.orchestrator import Mode
 from pdserve.pd import decode, prefill
 from pdserve.pd.engine_http import EngineClient
 from pdserve.pd.transfer_stats import TransferCounters, fetch_counters
 from pdserve.protocol import PD_MODE_HEADER
+from pdserve.routing.decision import Mode
 
 _COMPLETIONS = "/v1/completions"
 
@@ -52,7 +52,7 @@ async def probe_handoff(
                            request_id=request_id, timeout_s=timeout_s)
     prefill_done_s = time.perf_counter()
     response = await decode.open_stream(client, decode_url + _COMPLETIONS, decode.make_body(body, kv),
-                                        request_id=request_id, idle_timeout_s=timeout_s)
+                                        request_id=request_id, timeout_s=timeout_s)
     try:
         await response.read(idle_timeout_s=timeout_s)
     finally:

@@ -110,7 +110,7 @@ async def verify(
 async def _engines(session: aiohttp.ClientSession, settings: Settings, gateway_url: str | None) -> dict[Role, list[Engine]]:
     """The gateway's engines with the KV path each reported, else the configured ones; an engine
     that reported nothing is looked up in this host's engine logs."""
-    local_logs = {spec.base_url: Path(settings.launch.log_dir) / f"{spec.name}.log" for spec in settings.engine_specs()}
+    local_logs = {spec.base_url: settings.engine_log_dir / f"{spec.name}.log" for spec in settings.engine_specs()}
     listed: dict[str, list[dict[str, Any]]] = {
         role.value: [{"url": url} for url in settings.endpoint_urls(role)] for role in Role}
     if gateway_url:

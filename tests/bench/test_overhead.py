@@ -1,14 +1,16 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import psutil
 import pytest
 
-from pdserve.bench.cpu import CpuMeter, CpuUse, cpu_use, per_item_us, summed
-from pdserve.bench.overhead import PathCpu, chunks_in, knee_streams
+from pdserve.bench.cpu import CpuMeter, CpuUse, cpu_use, per_item_us, summed, with_descendants
+from pdserve.bench.overhead import OverheadResult, PathCpu, chunks_in, knee_streams, saturated
 from pdserve.bench.records import RequestRecord
-from pdserve.bench.stats import Window
+from pdserve.bench.stats import Summary, Window
 
 
 def test_knee_is_the_highest_count_before_the_first_miss() -> None:
@@ -26,10 +28,24 @@ def test_no_knee_when_the_lowest_count_misses() -> None:
 
 
 def test_cpu_use_is_the_difference_over_the_window() -> None:
-    uses = cpu_use({"gateway": 10.0, "loadgen": 3.0}, {"gateway": 10.5, "loadgen": 4.0}, window_s=2.0)
+    uses = cpu_use({"gateway": (10.0,), "loadgen": (3.0, 1.0)}, {"gateway": (10.5,), "loadgen": (4.0, 1.5)},
+                   window_s=2.0)
     assert uses["gateway"].cores == pytest.approx(0.25)
-    assert uses["loadgen"].cores == pytest.approx(0.5)
-    assert summed([CpuUse(1.0, 2.0), CpuUse(3.0, 2.0)]) == CpuUse(4.0, 4.0)
+    assert uses["loadgen"].cores == pytest.approx(0.75)  # both its processes
+    assert uses["loadgen"].busiest_cores == pytest.approx(0.5)
+    assert summed([CpuUse(1.0, 2.0, 0.5), CpuUse(3.0, 2.0, 0.75)]) == CpuUse(4.0, 4.0, 0.75)
+
+
+def test_a_part_is_saturated_when_one_of_its_processes_is() -> None:
+    spread = {"gateway": CpuUse(9.0, 10.0, 0.9), "upstream": CpuUse(8.0, 10.0, 0.2), "loadgen": CpuUse(5.0, 10.0, 0.5)}
+    one_busy = spread | {"upstream": CpuUse(9.5, 10.0, 0.95)}
+    summary = Summary(requests=1, errors=0, duration_s=10.0, request_rate=0.1, output_tokens_per_s=1.0, goodput=0.1,
+                      slo_attainment=1.0, ttft_ms=None, itl_ms=None, tpot_ms=None, e2e_ms=None)
+    def result(uses: dict[str, CpuUse]) -> OverheadResult:
+        cpu = PathCpu(uses=uses, chunks=1, requests=1)
+        return OverheadResult(streams=1, direct=summary, gateway=summary, direct_cpu=cpu, gateway_cpu=cpu)
+    assert saturated(result(spread)) == []  # 0.8 cores of upstream, spread over processes
+    assert saturated(result(one_busy)) == ["upstream"]
 
 
 def test_cpu_per_chunk_and_request_in_microseconds() -> None:
@@ -41,13 +57,33 @@ def test_cpu_per_chunk_and_request_in_microseconds() -> None:
 
 
 def test_meter_reads_the_process_own_counters() -> None:
-    meter = CpuMeter({"loadgen": psutil.Process()})
+    meter = CpuMeter({"loadgen": [psutil.Process()]})
     before = meter.read()
     deadline_s = time.process_time() + 0.2
     while time.process_time() < deadline_s:
         pass
-    used_s = meter.read()["loadgen"] - before["loadgen"]
+    used_s = meter.read()["loadgen"][0] - before["loadgen"][0]
     assert 0.15 <= used_s < 1.0
+
+
+def test_meter_counts_a_child_only_where_it_is_listed() -> None:
+    """The load generator starts the services it measures: their CPU must not count as its own."""
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        this = psutil.Process()
+        meter = CpuMeter({"loadgen": [this], "service": [psutil.Process(busy.pid)],
+                          "tree": with_descendants(this)})
+        before = after = meter.read()
+        deadline_s = time.monotonic() + 30.0
+        while sum(after["service"]) - sum(before["service"]) < 0.3 and time.monotonic() < deadline_s:
+            time.sleep(0.05)
+            after = meter.read()
+    finally:
+        busy.kill()
+        busy.wait()
+    assert sum(after["service"]) - sum(before["service"]) >= 0.3
+    assert sum(after["loadgen"]) - sum(before["loadgen"]) < 0.2
+    assert sum(after["tree"]) - sum(before["tree"]) >= 0.25
 
 
 def test_chunks_count_only_token_events_inside_the_windows() -> None:

@@ -72,6 +72,13 @@ def test_summary_counts_only_what_falls_inside_the_windows() -> None:
     assert summary.itl_ms is not None and summary.itl_ms.p50 == pytest.approx(1000.0)
 
 
+def test_summary_adds_up_several_windows_and_counts_a_gap_by_its_later_token() -> None:
+    records = [record(sent_s=0.0, token_times_s=(0.5, 1.5, 2.5)), record(sent_s=5.0, token_times_s=(5.5, 6.0))]
+    summary = summarize(records, slo=Slo(ttft_s=1.0, itl_s=1.0), windows=[Window(1.0, 2.0), Window(5.9, 7.0)])
+    assert summary.output_tokens_per_s == pytest.approx(2 / 2.1)  # tokens at 1.5 and 6.0
+    assert summary.itl_ms is not None and summary.itl_ms.p50 == pytest.approx(750.0)  # gaps of 1.0 and 0.5 s
+
+
 def test_whole_run_spans_first_send_to_last_token() -> None:
     window = whole_run([record(sent_s=2.0, token_times_s=(3.0,)), record(sent_s=1.0, token_times_s=(4.0,))])
     assert window.start_s == 1.0 and window.end_s == pytest.approx(4.0)

@@ -111,6 +111,17 @@ def test_up_dry_run_prints_every_command_and_manifest_in_order_and_calls_no_tool
     assert standins.calls() == []
 
 
+def test_up_applies_both_pod_monitors_where_their_crd_is_and_the_dashboard_with_the_manifests(
+    standins: Standins,
+) -> None:
+    result = cloud(standins, "up", "--dry-run")
+    assert result.exit_code == 0, result.output
+    pod_monitor_step = result.output.split("] pod-monitor")[1].split("] serving")[0]
+    manifests_step = result.output.split("] manifests")[1].split("] pod-monitor")[0]
+    assert "name: pdserve-gateway" in pod_monitor_step and "name: pdserve-engines" in pod_monitor_step
+    assert "kind: PodMonitor" not in manifests_step and "kind: ConfigMap" in manifests_step
+
+
 def test_down_dry_run_prints_the_plan_in_reverse_and_calls_no_tool(standins: Standins) -> None:
     result = cloud(standins, "down", "--dry-run")
     assert result.exit_code == 0, result.output

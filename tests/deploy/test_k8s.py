@@ -46,7 +46,9 @@ CONFIGS = {"eks-g6-efa": eks, "defaults": defaults}
 
 @pytest.fixture(params=sorted(CONFIGS))
 def manifests(request: pytest.FixtureRequest) -> dict[str, dict[str, Any]]:
-    return {obj["kind"]: obj for obj in render_manifests(CONFIGS[request.param]())}
+    """The objects by kind; of two of a kind the first (the gateway's PodMonitor: tests/deploy/test_monitoring.py
+    checks the engines')."""
+    return {obj["kind"]: obj for obj in reversed(render_manifests(CONFIGS[request.param]()))}
 
 
 def rayservice_schema() -> dict[str, Any]:
@@ -93,7 +95,7 @@ def test_rayservice_validates_against_the_kuberay_crd(manifests: dict[str, dict[
     assert pruned_fields(manifests["RayService"], schema) == []
 
 
-@pytest.mark.parametrize("kind", ["Namespace", "Service"])
+@pytest.mark.parametrize("kind", ["Namespace", "Service", "ConfigMap"])
 def test_core_objects_validate_against_kubernetes_schemas(manifests: dict[str, dict[str, Any]], kind: str) -> None:
     kubernetes_validate.validate(manifests[kind], eks().eks.kubernetes_version + ".0", strict=True)
 
@@ -200,6 +202,16 @@ def test_every_ray_container_carries_the_cluster_token(manifests: dict[str, dict
     assert auth == {"mode": "token", "secretName": "pdserve-ray-token"}
 
 
+def test_the_gateway_reads_its_access_keys_from_an_optional_secret(manifests: dict[str, dict[str, Any]]) -> None:
+    groups = ray_groups(manifests["RayService"])
+    keys = {name: value for name, value in env(groups["head"]).items() if name.startswith("PDSERVE_")}
+    assert keys == {
+        "PDSERVE_API_KEYS": {"secretKeyRef": {"name": "pdserve-api-keys", "key": "api_keys", "optional": True}},
+        "PDSERVE_ADMIN_KEY": {"secretKeyRef": {"name": "pdserve-api-keys", "key": "admin_key", "optional": True}},
+    }
+    assert not any(name.startswith("PDSERVE_") for name in env(groups["decode"]))  # engines need no keys
+
+
 def test_a_gateway_port_ray_uses_on_the_head_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"gateway\.port: 8000 is Ray's serve port"):
         render_manifests(load_settings(None))
@@ -227,12 +239,13 @@ def test_render_yaml_matches_the_golden_file() -> None:
 def test_write_manifests_writes_one_file_per_object_in_apply_order(tmp_path: Path) -> None:
     paths = write_manifests(eks(), tmp_path / "out")
     assert [path.name for path in paths] == ["00-namespace.yaml", "10-rayservice.yaml", "20-service.yaml",
-                                              "30-podmonitor.yaml"]
+                                              "30-podmonitor.yaml", "40-podmonitor.yaml", "50-configmap.yaml"]
     assert [yaml.safe_load(path.read_text()) for path in paths] == render_manifests(eks())
 
 
-def test_no_pod_monitor_when_turned_off() -> None:
-    settings = load_settings(EKS_EXAMPLE, overrides={"kubernetes.pod_monitor": False})
+def test_no_pod_monitor_or_dashboard_when_turned_off() -> None:
+    settings = load_settings(EKS_EXAMPLE, overrides={"kubernetes.pod_monitor": False,
+                                                     "kubernetes.grafana_dashboard": False})
     assert [obj["kind"] for obj in render_manifests(settings)] == ["Namespace", "RayService", "Service"]
 
 
@@ -244,6 +257,8 @@ def test_render_k8s_writes_files_and_prints_kubectl_style_lines(tmp_path: Path) 
         f"rayservice.ray.io/pdserve rendered to {tmp_path}/10-rayservice.yaml",
         f"service/pdserve-gateway rendered to {tmp_path}/20-service.yaml",
         f"podmonitor.monitoring.coreos.com/pdserve-gateway rendered to {tmp_path}/30-podmonitor.yaml",
+        f"podmonitor.monitoring.coreos.com/pdserve-engines rendered to {tmp_path}/40-podmonitor.yaml",
+        f"configmap/pdserve-grafana-dashboard rendered to {tmp_path}/50-configmap.yaml",
     ]
 
 

@@ -43,13 +43,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 def start_stack(workdir: Path, *, sections: dict[str, dict[str, Any]]) -> Stack:
     """`pdserve up` on free ports with its logs in ``workdir``, ``sections`` merged into the config's; once ready."""
-    base = free_port_block(5)
-    ports = {name: base + offset for offset, name in enumerate(("gateway", "prefill", "decode", "side_a", "side_b"))}
+    counts = {role: int(sections.get(role, {}).get("engines", 1)) for role in ("prefill", "decode")}
+    engines = counts["prefill"] + counts["decode"]
+    gateway_port = free_port_block(1 + 2 * engines)  # gateway, engines, their NIXL side channels
+    prefill_port, decode_port = gateway_port + 1, gateway_port + 1 + counts["prefill"]
+    side_port = gateway_port + 1 + engines
     config: dict[str, dict[str, Any]] = {
-        "prefill": {"base_port": ports["prefill"]},
-        "decode": {"base_port": ports["decode"]},
-        "kv": {"side_channel_base_port": ports["side_a"]},
-        "gateway": {"port": ports["gateway"], "kv_scrape_interval_s": 1.0},
+        "prefill": {"base_port": prefill_port},
+        "decode": {"base_port": decode_port},
+        "kv": {"side_channel_base_port": side_port},
+        "gateway": {"port": gateway_port, "kv_scrape_interval_s": 1.0},
         "launch": {"log_dir": str(workdir / "logs"), "ready_timeout_s": READY_TIMEOUT_S},
     }
     for name, section in sections.items():
@@ -63,10 +66,9 @@ def start_stack(workdir: Path, *, sections: dict[str, dict[str, Any]]) -> Stack:
     output = _wait_for_ready(process)
     pids = [int(pid) for pid in re.findall(r"started\s+pid (\d+)", "".join(output))]
     return Stack(
-        base_url=f"http://127.0.0.1:{ports['gateway']}", process=process, engine_pids=pids,
-        engine_urls={"prefill": f"http://127.0.0.1:{ports['prefill']}", "decode": f"http://127.0.0.1:{ports['decode']}"},
-        ports=[ports["gateway"], ports["prefill"], ports["decode"], ports["side_a"], ports["side_a"] + 1],
-        output=output, config_path=workdir / "pdserve.yaml",
+        base_url=f"http://127.0.0.1:{gateway_port}", process=process, engine_pids=pids,
+        engine_urls={"prefill": f"http://127.0.0.1:{prefill_port}", "decode": f"http://127.0.0.1:{decode_port}"},
+        ports=list(range(gateway_port, side_port + engines)), output=output, config_path=workdir / "pdserve.yaml",
     )
 
 

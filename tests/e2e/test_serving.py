@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -67,6 +68,16 @@ def test_openai_client_chat_and_completion_plain_and_streamed(stack: Stack) -> N
         model=DEMO_MODEL_NAME, prompt="The file", max_tokens=6, temperature=0, stream=True
     ))
     assert "".join(chunk.choices[0].text for chunk in streamed) == completion.choices[0].text
+
+
+def test_models_lists_the_engines_card_whose_root_holds_the_tokenizer(stack: Stack) -> None:
+    """As from vLLM: load tools (`vllm bench serve`, AIPerf) find the tokenizer through ``root``."""
+    (card,) = httpx.get(stack.base_url + "/v1/models", timeout=30).json()["data"]
+    (engine_card,) = httpx.get(stack.engine_urls["decode"] + "/v1/models", timeout=30).json()["data"]
+    fields = ("id", "object", "owned_by", "root", "max_model_len")
+    assert {key: card[key] for key in fields} == {key: engine_card[key] for key in fields}
+    assert card["id"] == DEMO_MODEL_NAME and card["max_model_len"] == 2048
+    assert (Path(card["root"]) / "tokenizer.json").is_file()
 
 
 def test_pd_output_is_token_identical_to_local_and_kv_arrives_over_nixl(stack: Stack) -> None:

@@ -96,3 +96,17 @@ def test_a_provider_pinned_in_the_pool_env_is_the_one_logged() -> None:
     prefill, decode = engine_commands(tree)
     assert prefill.notes[1] == "libfabric provider tcp: no EFA device on this host"
     assert decode.env["FI_PROVIDER"] == "shm" and decode.notes[1] == "libfabric provider shm: set in the pool env"
+
+
+def test_an_otlp_endpoint_makes_each_engine_export_its_spans_there_over_http() -> None:
+    settings = parse_settings({}, source="t")
+
+    def command(endpoint: str) -> EngineCommand:
+        return build_engine_command(settings.engine_specs()[0], model=settings.model, model_path="/m", kv=settings.kv,
+                                    layout=ModelLayout("/m", Layout.ATTENTION, "test"), python="py", host="127.0.0.1",
+                                    cpu_bind="0", link=NO_RDMA, otlp_traces_endpoint=endpoint)
+
+    traced, untraced = command("http://collector:4318/v1/traces"), command("")
+    assert traced.argv[traced.argv.index("--otlp-traces-endpoint") + 1] == "http://collector:4318/v1/traces"
+    assert traced.env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"  # vLLM would speak gRPC
+    assert "--otlp-traces-endpoint" not in untraced.argv and "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL" not in untraced.env

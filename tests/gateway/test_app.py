@@ -216,8 +216,8 @@ async def test_metrics_count_requests_ttft_and_tokens(gateway: str, engine: tupl
     await post(gateway, {"model": "nope", "prompt": "hi"})
     async with aiohttp.ClientSession() as session, session.get(gateway + "/metrics") as reply:
         metrics = await reply.text()
-    assert 'pdserve_requests_total{mode="pd",route="/v1/completions",status="200"} 1.0' in metrics
-    assert 'pdserve_requests_total{mode="pd",route="/v1/completions",status="404"} 1.0' in metrics
+    assert 'pdserve_requests_total{mode="auto",route="/v1/completions",status="200"} 1.0' in metrics
+    assert 'pdserve_requests_total{mode="auto",route="/v1/completions",status="404"} 1.0' in metrics
     assert 'pdserve_time_to_first_token_seconds_count{mode="pd"} 2.0' in metrics  # and the warm-up's
     assert f'pdserve_inter_token_latency_seconds_count{{mode="pd"}} {len(WORDS) - 1}.0' in metrics
     assert "pdserve_kv_handoff_seconds_count 1.0" in metrics

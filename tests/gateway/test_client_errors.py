@@ -26,7 +26,7 @@ async def post(base: str, body: dict[str, object], request_id: str) -> tuple[int
 async def test_an_engine_5xx_is_a_502_naming_the_role_and_request_not_the_engine(caplog: pytest.LogCaptureFixture) -> None:
     broken = FakeEngine(reject_status=500)
     async with serving(broken.app(), free_port()) as url:
-        settings = gateway_settings(prefill=[url], decode=[url], leg_attempts=1)
+        settings = gateway_settings(prefill=[url], decode=[url], leg_attempts=1, local_fallback=False)
         async with serving(build_app(settings), settings.gateway.port) as base:
             with caplog.at_level(logging.ERROR):
                 status, payload, echoed = await post(base, {"model": MODEL, "prompt": "hi"}, "req-502")

@@ -149,7 +149,7 @@ async def test_a_client_that_disconnects_while_queued_leaves_the_queue(engine: t
         assert [status for status, _ in await asyncio.gather(first, later)] == [200, 200]
         await assert_idle(base)
         metrics = await scrape(base)
-        assert metrics['pdserve_requests_total{mode="pd",route="/v1/completions",status="499"}'] == 1
+        assert metrics['pdserve_requests_total{mode="auto",route="/v1/completions",status="499"}'] == 1
         assert metrics['pdserve_requests_rejected_total{reason="queue_full"}'] == 0
 
 
@@ -176,7 +176,7 @@ async def test_an_engine_error_releases_every_slot(engine: tuple[FakeEngine, str
 
 
 async def test_an_engine_timeout_releases_every_slot(engine: tuple[FakeEngine, str]) -> None:
-    async with held_gateway(engine, max_in_flight=1, decode_idle_timeout_s=0.2) as base:
+    async with held_gateway(engine, max_in_flight=1, request_timeout_s=0.5) as base:
         assert (await post(base, BODY))[0] == 504
         await assert_idle(base)
 

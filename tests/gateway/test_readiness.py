@@ -10,9 +10,10 @@ import pytest
 
 from pdserve.errors import EngineStartFailed, NoHealthyEndpoint
 from pdserve.gateway.app import build_app
-from pdserve.gateway.orchestrator import Call, Mode, Reply
+from pdserve.gateway.call import Call, Reply
 from pdserve.gateway.readiness import Readiness, WarmUp, keep_warm
 from pdserve.role import Role
+from pdserve.routing.decision import Mode
 from pdserve.routing.pool import Pool
 from pdserve.up import wait_ready
 from tests.conftest import free_port, serving

@@ -14,7 +14,7 @@ from pdserve.ray.engine_replica import (
 )
 from pdserve.ray.gateway_replica import registration_ttl_s
 from pdserve.role import Role
-from tests.conftest import free_port
+from tests.conftest import free_port, free_port_block
 
 
 def test_engine_replicas_ask_for_the_pool_count_cpus_gpus_and_custom_resources() -> None:
@@ -80,3 +80,12 @@ def test_side_channel_port_is_the_same_for_a_rank_on_its_node_and_moves_off_a_ta
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", base))
         assert port_if_free("127.0.0.1", base) != base
+
+
+def test_api_port_is_the_pools_base_port_by_node_rank_so_a_pod_names_it() -> None:
+    base = free_port_block(4)
+    settings = parse_settings({"prefill": {"base_port": base}, "decode": {"base_port": base + 2}}, source="t")
+    specs = [replica_engine_spec(settings, role, host="127.0.0.1", rank=5, local_rank=local_rank, instance="x",
+                                 gpu_ids=[])
+             for role in Role for local_rank in (0, 1)]
+    assert [spec.port for spec in specs] == [base, base + 1, base + 2, base + 3]

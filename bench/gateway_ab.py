@@ -1,0 +1,130 @@
+"""The gateway's CPU per relayed chunk from two source trees, side by side (docs/benchmarks.md, section 1).
+
+Synthetic engines and load processes (this tree's) feed a gateway started from tree A,
+then from tree B, in alternating windows (ABBA...); each window reads the gateway's CPU over its steady
+part and counts the token events the load generator received. With --profile DIR, one more window per
+tree runs under py-spy (all the gateway's processes, raw collapsed stacks in DIR).
+
+    python bench/gateway_ab.py --a /tmp/before --b . --streams 128 --workers 2 --rounds 4 [--profile DIR]
+
+(with pdserve importable: installed, or PYTHONPATH=. from the repository's root).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from pdserve.bench.cpu import cpu_seconds, with_descendants
+from pdserve.bench.load_processes import LoadProcesses
+from pdserve.bench.overhead import chunks_in
+from pdserve.bench.prompts import WordPrompts
+from pdserve.bench.runner import Target
+from pdserve.bench.services import child_service, free_port
+from pdserve.bench.stats import Slo, Window, summarize
+from pdserve.bench.workload import Lengths, synthetic
+
+_RAMP_S = 2.57  # one stream lifetime: 20 ms TTFT + 255 tokens at 100/s
+_NO_SLO = Slo(ttft_s=float("inf"), itl_s=float("inf"))
+
+
+async def main(args: argparse.Namespace) -> None:
+    requests = synthetic(64, model="pdserve-demo", input_tokens=Lengths(64, 64), output_tokens=Lengths(256, 256),
+                         prompts=WordPrompts(), seed=0)
+    per_chunk_us: dict[str, list[float]] = {"A": [], "B": []}
+    async with contextlib.AsyncExitStack() as stack:
+        upstream_urls = []
+        for index in range(args.upstreams):
+            port = free_port()
+            upstream_urls.append(f"http://127.0.0.1:{port}")
+            await stack.enter_async_context(child_service(
+                [sys.executable, "-m", "pdserve", "bench", "upstream", "--port", str(port)],
+                ready_url=upstream_urls[-1] + "/health", log_path=args.logs / f"upstream-{index}.log"))
+        load = await stack.enter_async_context(LoadProcesses(args.load_processes, requests))
+        for round_index in range(args.rounds):
+            for name in ("A", "B") if round_index % 2 == 0 else ("B", "A"):
+                per_chunk_us[name].append(await _window(args, name, load, upstream_urls, profile=False))
+        if args.profile is not None:
+            for name in ("A", "B"):
+                await _window(args, name, load, upstream_urls, profile=True)
+    for name, values in per_chunk_us.items():
+        print(f"{name} ({getattr(args, name.lower())}): median {statistics.median(values):.1f} us per chunk "
+              f"over {len(values)} windows", flush=True)
+
+
+async def _window(args: argparse.Namespace, name: str, load: LoadProcesses, upstream_urls: list[str], *,
+                  profile: bool) -> float:
+    tree: Path = getattr(args, name.lower())
+    port = free_port()
+    # -P: not this working directory's pdserve, the one PYTHONPATH names
+    argv = ["env", f"PYTHONPATH={tree.resolve()}", sys.executable, "-P", "-m", "pdserve", "serve",
+            *(arg for url in upstream_urls for arg in ("--prefill-url", url, "--decode-url", url)),
+            "--port", str(port), "--workers", str(args.workers)]
+    async with child_service(argv, ready_url=f"http://127.0.0.1:{port}/health",
+                             log_path=args.logs / f"gateway-{name}.log") as gateway:
+        await asyncio.sleep(1.0)  # every worker up
+        return await _measure(args, name, load, port, with_descendants(psutil.Process(gateway.pid)), profile=profile)
+
+
+async def _measure(args: argparse.Namespace, name: str, load: LoadProcesses, port: int,
+                   processes: list[psutil.Process], *, profile: bool) -> float:
+    start_s = time.perf_counter() + 0.05
+    steady = Window(start_s + _RAMP_S, start_s + _RAMP_S + args.steady_s)
+
+    async def cpu_s() -> float:
+        await asyncio.sleep(steady.start_s - time.perf_counter())
+        before = cpu_seconds(processes)
+        spy = _py_spy(args.profile / f"pyspy-{name}-{args.streams}-streams.raw", processes[0].pid,
+                      args.steady_s) if profile else None
+        await asyncio.sleep(steady.end_s - time.perf_counter())
+        used_s = cpu_seconds(processes) - before
+        if spy is not None:
+            await asyncio.to_thread(spy.wait)
+        return used_s
+
+    reading = asyncio.ensure_future(cpu_s())
+    records = await load.run(Target(name, (f"http://127.0.0.1:{port}",)), streams=args.streams, start_s=start_s,
+                             ramp_s=_RAMP_S, stop_s=steady.end_s, timeout_s=60.0)
+    used_s, chunks = await reading, chunks_in(records, [steady])
+    summary = summarize(records, slo=_NO_SLO, windows=[steady])
+    ttft, itl = summary.ttft_ms, summary.itl_ms
+    per_chunk_us = used_s / chunks * 1e6
+    print(f"{name} {args.streams} streams, {args.workers} worker(s){' under py-spy' if profile else ''}: "
+          f"{per_chunk_us:.1f} us per chunk, {used_s / args.steady_s:.2f} cores, {chunks / args.steady_s:.0f} chunks/s; "
+          f"TTFT p50 {ttft.p50 if ttft else 0:.2f} ms, ITL p99 {itl.p99 if itl else 0:.2f} ms, {summary.errors} errors",
+          flush=True)
+    return per_chunk_us
+
+
+def _py_spy(out: Path, pid: int, duration_s: float) -> subprocess.Popen[bytes]:
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    return subprocess.Popen([py_spy, "record", "--pid", str(pid), "--subprocesses", "--nonblocking", "--format", "raw",
+                             "--rate", "250", "--duration", str(int(duration_s)), "--output", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--a", type=Path, required=True, help="source tree holding pdserve/ (the 'before')")
+    parser.add_argument("--b", type=Path, required=True, help="source tree holding pdserve/ (the 'after')")
+    parser.add_argument("--streams", type=int, default=128)
+    parser.add_argument("--workers", type=int, default=2, help="gateway processes")
+    parser.add_argument("--rounds", type=int, default=4, help="windows per tree")
+    parser.add_argument("--load-processes", type=int, default=1)
+    parser.add_argument("--upstreams", type=int, default=1, help="synthetic engine processes")
+    parser.add_argument("--steady-s", type=float, default=8.0)
+    parser.add_argument("--profile", type=Path, default=None, help="folder for py-spy's stacks")
+    parser.add_argument("--logs", type=Path, default=Path(".pdserve/gateway-ab"))
+    arguments = parser.parse_args()
+    if arguments.profile is not None:
+        arguments.profile.mkdir(parents=True, exist_ok=True)
+    asyncio.run(main(arguments))

@@ -1,0 +1,46 @@
+"""One client request as the orchestrator sees it, and the reply it hands back to the server."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pdserve.config import GatewaySpec
+from pdserve.gateway.tracing import NO_TRACE, RequestTrace
+from pdserve.routing.decision import Mode
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """What the orchestrator needs to know about one client request."""
+
+    path: str  # /v1/completions or /v1/chat/completions
+    body: dict[str, Any]
+    request_id: str
+    mode: Mode | None  # what the client asked for (X-PD-Mode); None: the router decides
+    arrived_s: float  # time.perf_counter() at arrival
+    may_prefill_locally: bool = True  # False: the prefill leg must work (a warm-up proves both legs)
+    trace: RequestTrace = NO_TRACE  # its spans, or the client's traceparent passed through (gateway/tracing.py)
+
+    @property
+    def is_stream(self) -> bool:
+        return bool(self.body.get("stream"))
+
+    def time_left_s(self, spec: GatewaySpec) -> float:
+        """Until the request's own deadline (``request_timeout_s``), never below zero."""
+        return max(self.arrived_s + spec.request_timeout_s - time.perf_counter(), 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """Either a whole JSON body or a stream of SSE bytes (exactly one is set).
+
+    ``close`` must be called once the stream is done or abandoned: a stream that was never
+    iterated (client gone before the first byte) cannot clean up after itself.
+    """
+
+    json_body: bytes | None = None
+    stream: AsyncIterator[bytes] | None = None
+    close: Callable[[], None] = lambda: None

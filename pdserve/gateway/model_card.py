@@ -1,0 +1,82 @@
+"""What ``/v1/models`` lists: the engines' own model card, as vLLM gives it, read once and kept.
+
+vLLM's card says where the model lives (``root``) and its context length (``max_model_len``);
+load tools find the tokenizer through ``root`` (``vllm bench serve`` with no ``--model``). It
+cannot change while the engines run. Until an engine has answered, a card made from the config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+
+from pdserve.config import Settings
+
+log = logging.getLogger(__name__)
+FETCH_TIMEOUT_S = 5.0
+
+
+class ModelCards:
+    """The served model's card: fetched from the first engine that answers, then kept."""
+
+    def __init__(self, session: aiohttp.ClientSession, *, settings: Settings,
+                 timeout_s: float = FETCH_TIMEOUT_S) -> None:
+        self._session, self._timeout_s = session, timeout_s
+        self._served_name = settings.model.served_name
+        self._fallback = config_card(settings)
+        self._card: dict[str, Any] | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def is_from_engine(self) -> bool:
+        return self._card is not None
+
+    async def card(self, engine_urls: Sequence[str]) -> dict[str, Any]:
+        """The engines' card (asking ``engine_urls`` in turn until one answers), else the config's."""
+        if self._card is None:
+            async with self._lock:  # many clients at start-up: one fetch
+                for url in engine_urls:
+                    if self._card is not None:
+                        break
+                    self._card = await self._fetch(url)
+        return self._card or self._fallback
+
+    async def _fetch(self, url: str) -> dict[str, Any] | None:
+        """The card for the served model in ``url``'s ``/v1/models``, with the id clients send; None if
+        the engine did not answer with one."""
+        try:
+            async with self._session.get(f"{url}/v1/models",
+                                         timeout=aiohttp.ClientTimeout(total=self._timeout_s)) as reply:
+                reply.raise_for_status()
+                listing = json.loads(await reply.read())
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.info("engine %s gave no model card (%r); /v1/models lists the configured one meanwhile", url, exc)
+            return None
+        return pick_card(listing, self._served_name)
+
+
+def pick_card(listing: object, served_name: str) -> dict[str, Any] | None:
+    """From a vLLM ``/v1/models`` reply: the card of ``served_name`` (else the first), with ``id``
+    set to ``served_name``; None if ``listing`` holds no card. Pure."""
+    cards = listing.get("data") if isinstance(listing, dict) else None
+    if not isinstance(cards, list):
+        return None
+    cards = [card for card in cards if isinstance(card, dict)]
+    if not cards:
+        return None
+    named = [card for card in cards if card.get("id") == served_name]
+    return {**(named or cards)[0], "id": served_name}
+
+
+def config_card(settings: Settings) -> dict[str, Any]:
+    """The card vLLM would give, made from the config: ``root`` is the configured model (the demo
+    model's folder on this host when none is configured). Pure."""
+    model = settings.model
+    return {"id": model.served_name, "object": "model", "created": 0, "owned_by": "vllm",
+            "root": model.path or str(settings.demo_model_dir), "parent": None,
+            "max_model_len": model.max_model_len, "permission": []}

@@ -1,0 +1,51 @@
+"""The last requests this gateway process finished, newest last, for the live page (gateway/dashboard.py).
+
+Bounded, appended once per request when its relay finishes (never per chunk); no I/O, no locks:
+only the event-loop thread writes it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+RECENT_REQUESTS = 50
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedRequest:
+    """One request as its relay saw it end. Times in seconds; None where the request never got there."""
+
+    request_id: str
+    mode: str  # "pd" or "local", as served
+    prefill_url: str | None  # None: the decode engine prefilled the prompt itself
+    decode_url: str  # the engine that sent the last byte (another one than first chosen after a failover)
+    ttft_s: float | None  # arrival to first token (a whole reply: to the whole body)
+    handoff_s: float | None  # prefill done to first decoded token; None when no KV was handed off
+    e2e_s: float  # arrival to the relay's end
+    chunks: int  # SSE chunks relayed (0 for a whole reply)
+    status: str  # "ok", the error event's code, or "cut" (ended before its end marker: client gone, engine lost)
+    finished_unix_s: float  # time.time() at the end
+
+
+def status_of(*, is_stream: bool, error_code: str | None, has_first_token: bool, has_end_marker: bool) -> str:
+    """How a request ended, in one word for the page. Pure."""
+    if error_code is not None:
+        return error_code
+    if not is_stream:
+        return "ok" if has_first_token else "failed"
+    return "ok" if has_end_marker else "cut"
+
+
+class RecentRequests:
+    """The last ``size`` finished requests."""
+
+    def __init__(self, size: int = RECENT_REQUESTS) -> None:
+        self._requests: deque[FinishedRequest] = deque(maxlen=size)
+
+    def add(self, request: FinishedRequest) -> None:
+        self._requests.append(request)
+
+    def latest(self) -> list[FinishedRequest]:
+        """Newest first."""
+        return list(reversed(self._requests))

@@ -1,0 +1,202 @@
+"""Relay the decode engine's reply to the client; move it to another decode engine when that fails.
+
+The per-chunk path is here (``Relay.stream``): one clock read, one histogram count, one append.
+What happens when an engine fails mid-request is described in orchestrator.py and docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pdserve.config import GatewaySpec
+from pdserve.errors import LegFailed, PdserveError
+from pdserve.gateway.call import Call
+from pdserve.gateway.handoffs import Handoffs
+from pdserve.gateway.metrics import GatewayMetrics, ModeMetrics
+from pdserve.gateway.recent import FinishedRequest, RecentRequests, status_of
+from pdserve.gateway.tracing import LegTrace
+from pdserve.pd import legs, resume
+from pdserve.pd.engine_http import EngineReply, EngineUnreachable
+from pdserve.protocol import SSE_DONE, sse_error_event
+from pdserve.role import Role
+from pdserve.routing.decision import Mode
+from pdserve.routing.pool import Endpoint
+
+log = logging.getLogger(__name__)
+
+
+class LegFailedHook(Protocol):
+    """Counts, logs and feeds the circuit breaker one failed leg (Orchestrator.leg_failed)."""
+
+    def __call__(self, endpoint: Endpoint, request_id: str, exc: Exception, *, is_unreachable: bool) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeLeg:
+    """A decode engine's open reply and the engine slot it holds (released by ``close``)."""
+
+    endpoint: Endpoint
+    response: EngineReply
+    stack: ExitStack
+    trace: LegTrace
+
+    def close(self) -> None:
+        self.response.close()  # an unfinished upstream sees the disconnect and aborts
+        self.stack.close()
+        self.trace.end()
+
+
+class Relay:
+    """Relays the decode engine's reply to the client, moves it to another decode engine when
+    that engine fails, and records its timing."""
+
+    def __init__(
+        self, call: Call, leg: DecodeLeg, *, mode: Mode, prefill_done_s: float | None, prefill_url: str | None,
+        reopen: Callable[[dict[str, Any]], Awaitable[DecodeLeg]], leg_failed: LegFailedHook, spec: GatewaySpec,
+        metrics: GatewayMetrics, handoffs: Handoffs, recent: RecentRequests,
+    ) -> None:
+        self._call, self._leg, self._reopen, self._leg_failed = call, leg, reopen, leg_failed
+        self._spec, self._metrics, self._handoffs, self._recent = spec, metrics, handoffs, recent
+        self._prefill_done_s = prefill_done_s
+        self._mode: ModeMetrics = metrics.modes[mode.value]
+        self._sent: list[bytes] = []  # the stream's bytes so far: read back only to resume it
+        self._is_finished = False
+        # For the live page's list (gateway/recent.py), filled once per request, never per chunk.
+        self._mode_name, self._prefill_url = mode.value, prefill_url
+        self._ttft_s: float | None = None
+        self._handoff_s: float | None = None
+        self._error_code: str | None = None
+
+    async def read_whole(self) -> bytes:
+        try:
+            while True:
+                try:
+                    payload = await self._leg.response.read(idle_timeout_s=self._call.time_left_s(self._spec))
+                    self._ttft_s = time.perf_counter() - self._call.arrived_s
+                    self._call.trace.first_token()
+                    break
+                except (EngineUnreachable, TimeoutError) as exc:
+                    failed = legs.leg_failed(Role.DECODE, self._leg.endpoint.url, exc, status=200,
+                                             timeout_s=self._spec.request_timeout_s)
+                    self._leg.trace.failed(failed)
+                    # Nothing reached the client: another engine may answer the whole request.
+                    if isinstance(exc, TimeoutError) or not await self._switch(failed, self._call.body):
+                        raise failed from exc
+        finally:
+            self.finish()
+        self._mode.ttft.observe(time.perf_counter() - self._call.arrived_s)
+        return payload
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        """Pass the engines' SSE bytes through untouched, chunk by chunk, as they arrive."""
+        # Per chunk: one clock read, one lock-free histogram count (gateway/token_gaps.py), one append.
+        observe_gap, previous_s, sent = self._mode.itl.observe, None, self._sent
+        deadline_s = self._call.arrived_s + self._spec.request_timeout_s
+        drop_role = False  # a resumed chat stream opens with a role event the client already had
+        try:
+            while True:
+                try:
+                    async for chunk in self._leg.response.chunks(first_timeout_s=self._spec.first_token_timeout_s,
+                                                                 idle_timeout_s=self._spec.decode_idle_timeout_s):
+                        if drop_role:
+                            chunk, drop_role = resume.drop_role_events(chunk), False
+                        now_s = time.perf_counter()
+                        if previous_s is None:
+                            self._first_token(now_s)
+                        else:
+                            observe_gap(now_s - previous_s)
+                        if now_s > deadline_s:
+                            yield self._error_event("the request ran past its deadline", "request_timeout")
+                            return
+                        previous_s = now_s
+                        sent.append(chunk)
+                        yield chunk
+                    return
+                except (EngineUnreachable, TimeoutError) as exc:
+                    failure = legs.leg_failed(Role.DECODE, self._leg.endpoint.url, exc, status=200,
+                                              timeout_s=self._spec.decode_idle_timeout_s)
+                ending = await self._resume(failure)
+                if ending is not None:
+                    yield ending
+                    return
+                drop_role = bool(sent) and self._call.path == resume.CHAT_PATH
+        finally:
+            self.finish()
+
+    async def _resume(self, failure: LegFailed) -> bytes | None:
+        """Move the stream to another decode engine; None if it moved, else the bytes that end it."""
+        log.error("request_id=%s role=decode endpoint=%s stream broke: %s",
+                  self._call.request_id, self._leg.endpoint.url, failure)
+        self._leg.trace.failed(failure)
+        if not self._sent:  # the client has seen nothing: the whole request goes elsewhere
+            return None if await self._switch(failure, self._call.body) else self._error_event(
+                "the decode engine failed", "decode_stream_failed")
+        sent = resume.read_sent(self._sent, path=self._call.path)
+        if sent.is_finished:
+            return SSE_DONE  # only the end marker was lost
+        reason = resume.why_not_resumable(self._call.body, path=self._call.path) or (
+            None if sent.is_readable else "a reply the gateway cannot read back") or (
+            None if self._spec.resume_streams else "gateway.resume_streams is off")
+        if reason is not None:
+            log.warning("request_id=%s stream not resumed: %s", self._call.request_id, reason)
+        elif await self._switch(failure, resume.continuation_body(self._call.body, sent, path=self._call.path)):
+            return None
+        return self._error_event("the decode engine's stream broke", "decode_stream_failed")
+
+    async def _switch(self, failure: LegFailed, body: dict[str, Any]) -> bool:
+        """Close the failed leg and open ``body`` on another decode engine; False if none took it."""
+        self._leg_failed(self._leg.endpoint, self._call.request_id, failure, is_unreachable=False)
+        self._leg.close()
+        try:
+            self._leg = await self._reopen(body)
+        except PdserveError as exc:
+            log.error("request_id=%s no other decode engine took the request: %s", self._call.request_id, exc)
+            return False
+        self._prefill_done_s = None  # what follows is not a KV handoff
+        self._metrics.decode_switches.labels("resumed" if self._sent else "restarted").inc()
+        log.warning("request_id=%s moved to decode engine %s after %d chunk(s)",
+                    self._call.request_id, self._leg.endpoint.url, len(self._sent))
+        return True
+
+    def _error_event(self, what: str, code: str) -> bytes:
+        self._error_code = code  # every error ending goes through here
+        return sse_error_event(f"{what} (request id {self._call.request_id})", code=code)
+
+    def _first_token(self, now_s: float) -> None:
+        self._call.trace.first_token()
+        self._ttft_s = now_s - self._call.arrived_s
+        self._mode.ttft.observe(self._ttft_s)
+        if self._prefill_done_s is None:
+            return
+        handoff_s = self._handoff_s = now_s - self._prefill_done_s
+        self._metrics.kv_handoff.observe(handoff_s)
+        self._metrics.legs[Role.DECODE].observe(handoff_s)
+        # Slow or not is judged later against the engine's own transfer times (kv_monitor.py):
+        # a handoff also waits in a busy decode engine's queue, which is load, not the transport.
+        self._metrics.kv_handoff_queue.observe(self._handoffs.record(self._leg.endpoint.url, handoff_s))
+
+    def finish(self) -> None:
+        """Close the upstream reply and record the request; idempotent."""
+        if self._is_finished:
+            return
+        self._is_finished = True
+        elapsed_s = time.perf_counter() - self._call.arrived_s
+        self._mode.e2e.observe(elapsed_s)
+        self._leg.close()
+        log.info("request_id=%s role=decode endpoint=%s status=200 elapsed_ms=%.1f",
+                 self._call.request_id, self._leg.endpoint.url, elapsed_s * 1000)
+        self._recent.add(self._finished(elapsed_s))
+
+    def _finished(self, elapsed_s: float) -> FinishedRequest:
+        sent, is_stream = self._sent, self._call.is_stream
+        status = status_of(is_stream=is_stream, error_code=self._error_code, has_first_token=self._ttft_s is not None,
+                           has_end_marker=bool(sent) and b"[DONE]" in b"".join(sent[-2:]))
+        return FinishedRequest(
+            request_id=self._call.request_id, mode=self._mode_name, prefill_url=self._prefill_url,
+            decode_url=self._leg.endpoint.url, ttft_s=self._ttft_s, handoff_s=self._handoff_s, e2e_s=elapsed_s,
+            chunks=len(sent), status=status, finished_unix_s=time.time())

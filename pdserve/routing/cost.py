@@ -1,0 +1,76 @@
+"""The cost of sending one request to each candidate engine, and the cheapest one. Pure.
+
+Decode engine, in requests: its load (requests it holds, those waiting, how full its KV cache
+is) less the prompt tokens it already has cached, at ``cached_tokens_per_request`` per request.
+Prefill engine, in tokens: the uncached prompt tokens queued on it plus this prompt's own.
+docs/routing.md explains the terms and the knobs (config.py, RoutingSpec).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pdserve.config import RoutingSpec
+
+TIE_TOLERANCE = 1e-6  # costs closer than this are equal: equal engines take turns
+
+
+@dataclass(frozen=True, slots=True)
+class EngineView:
+    """What routing knows of one candidate engine for one request.
+
+    ``running``, ``waiting`` and ``kv_usage`` are the engine's own, as last read (0 when the read
+    is too old); ``in_flight`` and ``queued_prefill_tokens`` are this gateway process's, now.
+    """
+
+    url: str
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float = 0.0  # 0..1
+    in_flight: int = 0  # legs this gateway process has open on it
+    queued_prefill_tokens: float = 0.0  # uncached prompt tokens of the prefill legs open on it
+    cached_tokens: float = 0.0  # of this request's prompt, expected in its prefix cache
+
+    def uncached_tokens(self, prompt_tokens: float) -> float:
+        """Prompt tokens it would still have to compute (or receive) for this request."""
+        return max(0.0, prompt_tokens - self.cached_tokens)
+
+
+def decode_cost(view: EngineView, *, spec: RoutingSpec) -> float:
+    """In requests. The engine's count already holds this gateway's requests as of its read; the
+    larger of the two is the fresher lower bound of what it carries now."""
+    requests = max(view.running + view.waiting, float(view.in_flight))
+    load = requests + spec.waiting_weight * view.waiting + spec.kv_usage_weight * view.kv_usage
+    return load - view.cached_tokens / spec.cached_tokens_per_request
+
+
+def prefill_cost(view: EngineView, *, prompt_tokens: float) -> float:
+    """In tokens: the prompt tokens the engine must compute before this prompt's KV is ready."""
+    return view.queued_prefill_tokens + view.uncached_tokens(prompt_tokens)
+
+
+def choose_decode(views: Sequence[EngineView], *, spec: RoutingSpec, turn: int) -> EngineView:
+    """The cheapest decode engine. Engines with a nearly full KV cache (``kv_usage_full``) are
+    passed over while any other has room: a request there would preempt running ones."""
+    roomy = [view for view in views if view.kv_usage < spec.kv_usage_full] or list(views)
+    return cheapest(roomy, lambda view: decode_cost(view, spec=spec), turn=turn)
+
+
+def choose_prefill(views: Sequence[EngineView], *, prompt_tokens: float, turn: int) -> EngineView:
+    """The prefill engine that would have this prompt's KV ready soonest."""
+    return cheapest(views, lambda view: prefill_cost(view, prompt_tokens=prompt_tokens), turn=turn)
+
+
+def cheapest(views: Sequence[EngineView], cost: Callable[[EngineView], float], *, turn: int) -> EngineView:
+    """The view of least ``cost``; among equal ones the ``turn``-th (mod their count), so that
+    requests with nothing to tell engines apart spread over them instead of piling on the first.
+
+    Raises ValueError for no views.
+    """
+    if not views:
+        raise ValueError("no engine to choose from")
+    costs = [cost(view) for view in views]
+    least = min(costs)
+    tied = [view for view, value in zip(views, costs, strict=True) if value - least <= TIE_TOLERANCE]
+    return tied[turn % len(tied)]

@@ -1,0 +1,186 @@
+"""Engine faults over real HTTP against fake engines: what the client sees and what each engine was sent.
+
+The same faults against real vLLM engines, with their KV usage afterwards: tests/e2e/test_faults.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import aiohttp
+
+from pdserve.gateway.app import build_app
+from pdserve.pd.decode import RELEASE_MODEL
+from tests.conftest import free_port, serving
+from tests.fake_engine import KV_PARAMS, WORDS, FakeEngine
+from tests.gateway.test_app import MODEL, gateway_settings, post, until_ready
+
+
+@asynccontextmanager
+async def gateway_over(prefill: list[FakeEngine], decode: list[FakeEngine], **gateway: Any) -> AsyncIterator[str]:
+    """A ready gateway in front of these fake engines (their warm-up bodies cleared); yields its URL."""
+    async with AsyncExitStack() as stack:
+        fakes = list({id(fake): fake for fake in prefill + decode}.values())
+        urls = {id(fake): await stack.enter_async_context(serving(fake.app(), free_port())) for fake in fakes}
+        settings = gateway_settings(prefill=[urls[id(fake)] for fake in prefill],
+                                    decode=[urls[id(fake)] for fake in decode], **gateway)
+        base = await stack.enter_async_context(serving(build_app(settings), settings.gateway.port))
+        await until_ready(base)
+        for fake in fakes:
+            fake.bodies.clear()
+        yield base
+
+
+async def metrics_of(base: str) -> str:
+    async with aiohttp.ClientSession() as session, session.get(base + "/metrics") as reply:
+        return await reply.text()
+
+
+def text_of(payload: bytes, *, key: str = "text") -> str:
+    """The generated text of an SSE reply; fails on an error event."""
+    pieces = []
+    for event in payload.decode().split("\n\n"):
+        if event.startswith("data: {"):
+            data = json.loads(event[6:])
+            assert "error" not in data, data
+            choice = data["choices"][0]
+            pieces.append(choice.get("text") or (choice.get("delta") or {}).get("content") or "")
+    return "".join(pieces)
+
+
+async def test_prefill_engine_failing_falls_back_to_prefill_on_the_decode_engine() -> None:
+    prefill, decode = FakeEngine(), FakeEngine()
+    async with gateway_over([prefill], [decode]) as base:
+        prefill.reject_status = 500
+        status, payload = await post(base, {"model": MODEL, "prompt": "hi", "stream": True})
+        metrics = await metrics_of(base)
+    assert status == 200 and text_of(payload) == "".join(WORDS)
+    assert "kv_transfer_params" not in decode.bodies[-1]  # the decode engine prefilled it itself
+    assert 'pdserve_local_fallbacks_total{reason="prefill_failed"} 1.0' in metrics
+
+
+async def test_no_reachable_prefill_engine_falls_back_and_the_fallback_can_be_turned_off() -> None:
+    decode = FakeEngine()
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with serving(decode.app(), free_port()) as url:
+        for local_fallback, expected in ((True, 200), (False, 503)):  # 503: no prefill engine answers
+            settings = gateway_settings(prefill=[dead], decode=[url], local_fallback=local_fallback)
+            async with serving(build_app(settings), settings.gateway.port) as base:
+                status, _ = await post(base, {"model": MODEL, "prompt": "hi"})
+            assert status == expected
+
+
+async def test_decode_engine_dying_before_its_first_token_restarts_the_request_on_another() -> None:
+    prefill, broken, healthy = FakeEngine(), FakeEngine(), FakeEngine()
+    async with gateway_over([prefill], [broken, healthy]) as base:
+        broken.break_stream_after = 0
+        replies = [await post(base, {"model": MODEL, "prompt": "hi", "stream": True}) for _ in range(2)]
+        metrics = await metrics_of(base)
+    assert [(status, text_of(payload)) for status, payload in replies] == [(200, "".join(WORDS))] * 2
+    assert broken.bodies, "ties rotate: one of the two requests went to the broken engine first"
+    restarted = [body for body in healthy.bodies if "kv_transfer_params" not in body]
+    assert len(restarted) == len(broken.bodies)  # each one restarted whole on the healthy engine, prefilled there
+    assert f'pdserve_decode_switches_total{{kind="restarted"}} {len(broken.bodies)}.0' in metrics
+
+
+async def test_mid_stream_failure_continues_on_the_other_decode_engine() -> None:
+    prefill, a, b = FakeEngine(), FakeEngine(break_stream_after=2), FakeEngine(break_stream_after=2)
+    async with gateway_over([prefill], [a, b]) as base:
+        a.break_stream_after = b.break_stream_after = 2
+        status, payload = await post(base, {"model": MODEL, "prompt": "hi", "stream": True, "max_tokens": 9})
+        metrics = await metrics_of(base)
+    assert status == 200
+    resumed = [body for body in a.bodies + b.bodies if body.get("prompt") != "hi"]
+    assert len(resumed) == 1 and resumed[0]["prompt"] == "hi" + "".join(WORDS[:2])
+    assert resumed[0]["max_tokens"] == 7 and "kv_transfer_params" not in resumed[0]
+    # The second engine broke too, after its own two words: the client got four, then the error.
+    assert text_of(payload.split(b"data: {\"error\"")[0]) == "".join(WORDS[:2]) * 2
+    assert 'pdserve_decode_switches_total{kind="resumed"} 1.0' in metrics
+
+
+async def test_a_resumed_chat_stream_reads_as_one_message() -> None:
+    prefill, a, b = FakeEngine(), FakeEngine(), FakeEngine()
+    async with gateway_over([prefill], [a, b]) as base:
+        a.break_stream_after = b.break_stream_after = 3
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        status, payload = await post(base, body, path="/v1/chat/completions")
+    roles = payload.count(b'"role"')
+    assert status == 200 and roles == 1  # the second engine's opening role event was dropped
+    resumed = [body for body in a.bodies + b.bodies if len(body["messages"]) == 2]
+    assert resumed[0]["messages"][-1] == {"role": "assistant", "content": "".join(WORDS[:3])}
+    assert resumed[0]["continue_final_message"] is True
+
+
+async def test_a_seeded_stream_is_not_resumed_but_ends_with_one_error_event() -> None:
+    prefill, a, b = FakeEngine(), FakeEngine(), FakeEngine()
+    async with gateway_over([prefill], [a, b]) as base:
+        a.break_stream_after = b.break_stream_after = 2
+        status, payload = await post(base, {"model": MODEL, "prompt": "hi", "stream": True, "seed": 7})
+    assert status == 200 and payload.count(b"decode_stream_failed") == 1 and payload.endswith(b"data: [DONE]\n\n")
+    assert len(a.bodies + b.bodies) == 1
+
+
+async def test_an_engine_failing_every_leg_is_ejected_while_its_health_still_answers() -> None:
+    prefill, bad, good = FakeEngine(), FakeEngine(), FakeEngine()
+    async with gateway_over([prefill], [bad, good], eject_after_failures=2, eject_for_s=60) as base:
+        bad.reject_status = 500
+        for _ in range(6):
+            status, _ = await post(base, {"model": MODEL, "prompt": "hi"})
+            assert status == 200
+        tries_when_ejected = len(bad.bodies)
+        for _ in range(4):
+            await post(base, {"model": MODEL, "prompt": "hi"})
+        metrics = await metrics_of(base)
+    assert tries_when_ejected == 2 and len(bad.bodies) == 2
+    assert 'pdserve_engine_ejections_total{role="decode"} 1.0' in metrics
+
+
+async def test_a_handoff_no_decode_leg_takes_is_given_back_to_the_prefill_engine() -> None:
+    fake = FakeEngine()
+    async with gateway_over([fake], [fake], max_in_flight_per_engine=1) as base:
+        fake.decode_gate = asyncio.Event()
+        holder = asyncio.create_task(post(base, {"model": MODEL, "prompt": "first"}))  # holds the decode slot
+        while not any(body.get("prompt") == "first" and "kv_transfer_params" in body and
+                      not body["kv_transfer_params"].get("do_remote_decode") for body in fake.bodies):
+            await asyncio.sleep(0.01)
+        queued = asyncio.create_task(post(base, {"model": MODEL, "prompt": "second"}))
+        while sum(body.get("prompt") == "second" for body in fake.bodies) < 1:  # its prefill is done
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # now waiting for a decode slot
+        queued.cancel()  # the client goes away
+        for _ in range(100):
+            releases = [body for body in fake.bodies if body.get("model") == RELEASE_MODEL]
+            if releases:
+                break
+            await asyncio.sleep(0.02)
+        fake.decode_gate.set()
+        await holder
+        metrics = await metrics_of(base)
+    assert releases and releases[0]["kv_transfer_params"] == KV_PARAMS
+    assert "pdserve_kv_releases_total 1.0" in metrics
+
+
+async def test_a_request_past_its_deadline_is_aborted_on_the_engine() -> None:
+    prefill, decode = FakeEngine(), FakeEngine()
+    async with gateway_over([prefill], [decode], request_timeout_s=0.5) as base:
+        decode.token_delay_s = 0.2
+        status, payload = await post(base, {"model": MODEL, "prompt": "hi", "stream": True})
+        for _ in range(50):
+            if decode.streams_closed_early:
+                break
+            await asyncio.sleep(0.02)
+    assert status == 200 and b"request_timeout" in payload and payload.endswith(b"data: [DONE]\n\n")
+    assert decode.streams_closed_early == 1
+
+
+async def test_a_decode_engine_that_never_starts_its_stream_times_out_at_the_first_token_deadline() -> None:
+    prefill, decode = FakeEngine(), FakeEngine()
+    async with gateway_over([prefill], [decode], first_token_timeout_s=0.3, leg_attempts=1) as base:
+        decode.decode_gate = asyncio.Event()
+        status, payload = await post(base, {"model": MODEL, "prompt": "hi", "stream": True})
+        decode.decode_gate.set()  # lets the fake's handler end, so the server can stop
+    assert status == 504 and json.loads(payload)["error"]["code"] == "decode_failed"

@@ -1,0 +1,48 @@
+"""The cost function on scripted engine states: load against expected prefix overlap."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdserve.config import RoutingSpec
+from pdserve.routing.cost import EngineView, cheapest, choose_decode, choose_prefill, decode_cost, prefill_cost
+
+SPEC = RoutingSpec()
+
+
+def test_decode_cost_counts_requests_waiting_and_kv_usage_in_requests() -> None:
+    assert decode_cost(EngineView("d", running=3, waiting=1, kv_usage=0.5), spec=SPEC) == pytest.approx(4 + 1 + 2)
+    # the gateway's own count is fresher than the engine's last read
+    assert decode_cost(EngineView("d", running=1, in_flight=5), spec=SPEC) == pytest.approx(5)
+    assert decode_cost(EngineView("d", cached_tokens=2048), spec=SPEC) == pytest.approx(-2)
+
+
+def test_a_cached_prefix_outweighs_a_little_more_load() -> None:
+    holder = EngineView("holder", running=2, cached_tokens=3000)
+    idle = EngineView("idle", running=1)
+    assert choose_decode([idle, holder], spec=SPEC, turn=0).url == "holder"
+    swamped = EngineView("holder", running=9, waiting=3, cached_tokens=3000)
+    assert choose_decode([idle, swamped], spec=SPEC, turn=0).url == "idle"
+
+
+def test_a_decode_engine_with_a_full_kv_cache_is_passed_over_while_another_has_room() -> None:
+    full = EngineView("full", kv_usage=0.97, cached_tokens=100_000)
+    busy = EngineView("busy", running=20, kv_usage=0.8)
+    assert choose_decode([full, busy], spec=SPEC, turn=0).url == "busy"
+    assert choose_decode([full], spec=SPEC, turn=0).url == "full"  # none has room: still served
+
+
+def test_equal_engines_take_turns() -> None:
+    views = [EngineView("a"), EngineView("b"), EngineView("c", running=1)]
+    assert [choose_decode(views, spec=SPEC, turn=turn).url for turn in range(4)] == ["a", "b", "a", "b"]
+    with pytest.raises(ValueError, match="no engine"):
+        cheapest([], lambda _view: 0.0, turn=0)
+
+
+def test_prefill_engine_by_queued_tokens_and_overlap() -> None:
+    queued = EngineView("queued", queued_prefill_tokens=4000)
+    cached = EngineView("cached", queued_prefill_tokens=4000, cached_tokens=2500)
+    idle = EngineView("idle")
+    assert prefill_cost(cached, prompt_tokens=3000) == pytest.approx(4500)
+    assert choose_prefill([queued, cached, idle], prompt_tokens=3000, turn=0).url == "idle"
+    assert choose_prefill([queued, cached], prompt_tokens=3000, turn=0).url == "cached"

@@ -1,0 +1,113 @@
+"""The router over endpoints with scripted loads: conversations stick to the engine holding their
+prefix, distinct prompts spread, short prompts and a saturated prefill pool are served locally."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pdserve.config import RoutingSpec
+from pdserve.role import Role
+from pdserve.routing.decision import Mode, Reason
+from pdserve.routing.load import EngineLoad
+from pdserve.routing.pool import Endpoint, Pool
+from pdserve.routing.router import KeyedPolicy, Router
+
+NOW_S = 1000.0
+
+
+def conversation(topic: str, turns: int) -> dict[str, Any]:
+    """A chat body with a long system prompt of its own and ``turns`` user turns."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": f"Notes on {topic}. " + "Lorem ipsum dolor. " * 400}]
+    for turn in range(turns):
+        messages += [{"role": "user", "content": f"Question {turn} about {topic}?"}]
+        if turn < turns - 1:
+            messages += [{"role": "assistant", "content": f"Answer {turn}."}]
+    return {"model": "m", "messages": messages}
+
+
+def setup(spec: RoutingSpec | None = None) -> tuple[Router, Pool]:
+    return Router(spec or RoutingSpec(disaggregation="auto"), clock=lambda: NOW_S), Pool(prefill_urls=["p1", "p2"], decode_urls=["d1", "d2"])
+
+
+def send(router: Router, pool: Pool, body: dict[str, Any]) -> Endpoint:
+    """Choose the decode engine for ``body`` and record it there, as the orchestrator does."""
+    key = router.key(body)
+    decode = router.choose(key, pool.healthy(Role.DECODE))
+    router.record(key, decode)
+    return decode
+
+
+def test_a_conversation_sticks_to_the_engine_that_holds_its_prefix_and_others_spread() -> None:
+    router, pool = setup()
+    first_a = send(router, pool, conversation("kv caches", 1))
+    first_b = send(router, pool, conversation("schedulers", 1))
+    assert first_a is not first_b  # nothing to tell them apart: they take turns
+    first_a.load = EngineLoad(running=1, read_s=NOW_S)  # busier now, but it holds ~1900 tokens of the conversation
+    for turns in (2, 3):
+        assert send(router, pool, conversation("kv caches", turns)) is first_a
+        assert send(router, pool, conversation("schedulers", turns)) is first_b
+
+
+def test_the_next_turn_of_a_conversation_is_prefilled_locally_on_its_engine() -> None:
+    router, pool = setup()
+    key = router.key(conversation("kv caches", 1))
+    decode = router.choose(key, pool.healthy(Role.DECODE))
+    assert router.decide(key, decode, prefill=pool.healthy(Role.PREFILL)).mode is Mode.PD
+    router.record(key, decode)
+    key = router.key(conversation("kv caches", 2))
+    decision = router.decide(key, decode, prefill=pool.healthy(Role.PREFILL))
+    assert (decision.mode, decision.reason) == (Mode.LOCAL, Reason.SHORT_UNCACHED)
+    assert decision.uncached_tokens < 100 < key.tokens
+
+
+def test_a_short_prompt_is_served_locally() -> None:
+    router, pool = setup()
+    key = router.key({"model": "m", "prompt": "Say hello."})
+    decode = router.choose(key, pool.healthy(Role.DECODE))
+    decision = router.decide(key, decode, prefill=pool.healthy(Role.PREFILL))
+    assert (decision.mode, decision.reason) == (Mode.LOCAL, Reason.SHORT_UNCACHED)
+
+
+def test_a_saturated_prefill_pool_sends_a_long_prompt_to_the_decode_engine() -> None:
+    router, pool = setup()
+    for prefill in pool.all(Role.PREFILL):
+        prefill.load = EngineLoad(running=8, waiting=12, read_s=NOW_S - 1)
+    key = router.key(conversation("attention", 1))
+    decode = router.choose(key, pool.healthy(Role.DECODE))
+    decision = router.decide(key, decode, prefill=pool.healthy(Role.PREFILL))
+    assert (decision.mode, decision.reason) == (Mode.LOCAL, Reason.PREFILL_SATURATED)
+    # the same reading, too old to trust: routing falls back to the gateway's own (empty) queues
+    for prefill in pool.all(Role.PREFILL):
+        prefill.load = EngineLoad(running=8, waiting=12, read_s=NOW_S - 60)
+    assert router.decide(key, decode, prefill=pool.healthy(Role.PREFILL)).mode is Mode.PD
+
+
+def test_prefill_legs_queue_their_uncached_tokens_on_the_engine_while_open() -> None:
+    router, pool = setup()
+    p1, p2 = pool.all(Role.PREFILL)
+    key = router.key(conversation("batching", 1))
+    with router.prefilling(key, p1):
+        assert p1.queued_prefill_tokens == key.tokens
+        assert KeyedPolicy(router, key).choose([p1, p2]) is p2
+        assert KeyedPolicy(router, key, preferred=p1).choose([p1, p2]) is p1  # the engine decided for
+        assert KeyedPolicy(router, key, preferred=p1).choose([p2]) is p2  # failed over: the cheapest left
+    assert p1.queued_prefill_tokens == 0
+
+
+def test_an_engine_that_restarted_is_forgotten() -> None:
+    router, pool = setup()
+    body = conversation("restarts", 1)
+    decode = send(router, pool, body)
+    decode.load = EngineLoad(prefix_queried_tokens=5000, read_s=NOW_S)
+    assert router.view(decode, router.key(body)).cached_tokens > 0
+    decode.load = EngineLoad(prefix_queried_tokens=10, read_s=NOW_S)  # its counter went back: a new process
+    assert router.view(decode, router.key(body)).cached_tokens == 0
+
+
+def test_the_index_of_an_engine_is_sized_by_its_reported_cache() -> None:
+    router, pool = setup(RoutingSpec(disaggregation="auto", prefix_chunk_chars=64, chars_per_token=4.0))
+    body = conversation("sizes", 1)
+    decode = send(router, pool, body)
+    decode.load = EngineLoad(kv_capacity_tokens=64, read_s=NOW_S)  # 4 chunks of 16 tokens
+    cached = router.view(decode, router.key(body)).cached_tokens
+    assert 0 < cached <= 64
