@@ -3,14 +3,15 @@
 # DECODE_GPU, MEM (GPU memory share), MPS (auto, on, off), KV_BLOCK (tokens per KV block; unset: pdserve's GPU
 # default, 128), KV_BUFFER (auto, cpu, cuda), ENGINE_ENV (a YAML mapping of extra engine environment, applied
 # last), PREFILL_ARGS / DECODE_ARGS (extra vLLM args of one pool, as JSON list items: '"--flag", "value"'),
-# PORT (gateway; engines at PORT+100 and PORT+200), SIDE_PORT (first NIXL side channel) and LOG_DIR, then
+# PORT (gateway; engines at PORT+100 and PORT+200), SIDE_PORT (first NIXL side channel), LOG_DIR and MODEL_DIR, then
 # validates it, so a bad setting fails here and not after the engines' minutes of start-up.
 # Nothing model-specific is set by hand: pdserve reads the shape's config.json (a hybrid model gets its
 # flags from pdserve/engines/model_layout.py).
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 PREFILL_GPU=${PREFILL_GPU:-0} DECODE_GPU=${DECODE_GPU:-0} MEM=${MEM:-0.4} SHAPE=${SHAPE:-qwen3-8b}
 CONFIG=${CONFIG:-/tmp/pd.yaml} PORT=${PORT:-8000} SIDE_PORT=${SIDE_PORT:-5600} LOG_DIR=${LOG_DIR:-/tmp/pdlogs}
-MODEL_DIR=/tmp/$SHAPE; [ "$SHAPE" = qwen3-8b ] && MODEL_DIR=/tmp/q8b
+DEFAULT_MODEL_DIR=/tmp/$SHAPE; [ "$SHAPE" = qwen3-8b ] && DEFAULT_MODEL_DIR=/tmp/q8b
+MODEL_DIR=${MODEL_DIR:-$DEFAULT_MODEL_DIR}
 python3 -m pdserve demo-model $MODEL_DIR --shape $SHAPE || return 1
 # A fixed 32 GiB of KV cache per engine, no torch.compile, full CUDA graphs for decode batches up to 256.
 # pdserve adds --block-size 128 to GPU engines itself, and starts CUDA MPS when both share a GPU.
