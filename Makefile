@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test unit e2e lint browser clean
+.PHONY: setup demo test unit e2e faults lint browser clean
 
 setup: $(STAMP)
 
@@ -28,7 +28,12 @@ unit: $(STAMP)
 	$(BIN)/pytest -m "not e2e"
 
 e2e: $(STAMP)
-	$(BIN)/pytest -m e2e
+	$(BIN)/pytest -m "e2e and not faults"
+
+# Engine faults with three real engines (tests/e2e/test_faults.py): on 2 cores the engines starve and
+# the tests time out (docs/reliability.md, "Tests"), so `make test` leaves them to this target.
+faults: $(STAMP)
+	$(BIN)/pytest -m faults
 
 # The live page's test (tests/gateway/test_dashboard_page.py) drives Debian's headless Chromium.
 # As root (CI) install it when missing; elsewhere say so, and that test skips with the reason.
@@ -40,7 +45,7 @@ browser:
 		"(sudo apt-get install chromium chromium-driver)"; fi
 
 test: $(STAMP) lint browser
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not faults"
 
 clean:
 	rm -rf $(VENV) .pdserve

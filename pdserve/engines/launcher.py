@@ -21,19 +21,12 @@ import aiohttp
 
 from pdserve.config import EngineSpec
 from pdserve.engines.command import CPU_BIND_ENV, EngineCommand
-from pdserve.engines.cpu_affinity import (
-    confine_workers,
-    deprioritize,
-    parse_cpu_list,
-    spinning_threads,
-    worker_thread_ticks,
-)
+from pdserve.engines.cpu_affinity import confine_workers, parse_cpu_list
 from pdserve.engines.kv_path import NOTE_PREFIX
 from pdserve.errors import EngineStartFailed
 
 _PR_SET_PDEATHSIG = 1
 _PROGRESS_EVERY_S = 10.0
-_SPIN_WINDOW_S = 1.0  # how long a just-ready (idle) CPU engine's threads are watched for spinning
 
 
 def _die_with_parent() -> None:
@@ -131,26 +124,18 @@ class EngineProcess:
 async def bring_up(
     engine: EngineProcess, session: aiohttp.ClientSession, *, timeout_s: float, progress: Callable[[str], None]
 ) -> None:
-    """Wait until a started engine is ready; a CPU engine's worker threads then go back onto its own
-    cores, and a thread that spins while the engine idles (NIXL's progress thread) to the lowest priority.
+    """Wait until a started engine is ready, then keep its worker threads on its own cores.
 
     Raises EngineStartFailed as ``EngineProcess.wait_ready`` does.
     """
     waited_s = await engine.wait_ready(session, timeout_s=timeout_s, progress=progress)
     progress(f"  {engine.spec.name:<10} ready    {waited_s:5.0f}s  {engine.spec.base_url}")
-    if engine.pid is None or engine.spec.pool.device != "cpu":
-        return
     cpu_bind = engine.command.env.get(CPU_BIND_ENV, "")
-    moved = confine_workers(engine.pid, parse_cpu_list(cpu_bind))
-    if moved:
-        progress(f"  {engine.spec.name:<10} pinned   {len(moved)} worker thread(s) back onto cores {cpu_bind} "
-                 f"(vLLM-CPU's NIXL setup had moved them)")
-    before = worker_thread_ticks(engine.pid)
-    await asyncio.sleep(_SPIN_WINDOW_S)
-    lowered = deprioritize(spinning_threads(before, worker_thread_ticks(engine.pid), window_s=_SPIN_WINDOW_S))
-    if lowered:
-        progress(f"  {engine.spec.name:<10} niced    {len(lowered)} thread(s) spinning while idle to priority 19 "
-                 f"(NIXL's progress thread: it runs when the core is otherwise free)")
+    if engine.pid is not None:
+        moved = confine_workers(engine.pid, parse_cpu_list(cpu_bind))
+        if moved:
+            progress(f"  {engine.spec.name:<10} pinned   {len(moved)} worker thread(s) back onto cores {cpu_bind} "
+                     f"(vLLM-CPU's NIXL setup had moved them)")
 
 
 def _signal_group(pid: int, signum: signal.Signals) -> None:
