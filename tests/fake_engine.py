@@ -32,6 +32,7 @@ class FakeEngine:
     token_delay_s: float = 0.0
     streams_closed_early: int = 0
     metrics_text: str = ""  # what GET /metrics answers (vLLM's Prometheus text)
+    metrics_when_decoding: str | None = None  # when given, becomes metrics_text as the first decoded token goes out
     decode_gate: asyncio.Event | None = None  # when given, decode requests wait for it before answering
     model_card: dict[str, Any] | None = field(default_factory=lambda: dict(MODEL_CARD))  # None: /v1/models is 404
     models_requests: int = 0
@@ -81,6 +82,8 @@ class FakeEngine:
                 if self.break_stream_after is not None and index == self.break_stream_after:
                     raise ConnectionResetError("fake engine died")
                 await asyncio.sleep(self.token_delay_s)
+                if index == 0 and self.metrics_when_decoding is not None:  # the KV pull ends before decoding starts
+                    self.metrics_text = self.metrics_when_decoding
                 choice = {"delta": {"content": word}} if is_chat else {"text": word}
                 yield f"data: {json.dumps({'choices': [choice]})}\n\n".encode()
             yield b"data: [DONE]\n\n"

@@ -145,9 +145,10 @@ async def serve_one_request(url: str, caplog: pytest.LogCaptureFixture, *, fake:
     starts decoding. Returns the gateway's /metrics once a line at ``expect_level`` was logged."""
     settings = gateway_settings(prefill=[url], decode=[url], slow_handoff_warn_s=0.1, kv_scrape_interval_s=1.0)
     async with serving(build_app(settings), settings.gateway.port) as base:
-        request = asyncio.create_task(post(base, {"model": MODEL, "prompt": "hi", "max_tokens": 5, "stream": True}))
-        fake.metrics_text = vllm_metrics(transfers_s, waiting=1, running=2)
-        assert (await request)[0] == 200
+        # Reported as the first token goes out, not before: a read in between would see the
+        # transfer before the gateway has timed its handoff, and judge the two in different windows.
+        fake.metrics_when_decoding = vllm_metrics(transfers_s, waiting=1, running=2)
+        assert (await post(base, {"model": MODEL, "prompt": "hi", "max_tokens": 5, "stream": True}))[0] == 200
         for _ in range(50):
             if kv_lines(caplog, expect_level):
                 break
