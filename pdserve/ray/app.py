@@ -20,6 +20,9 @@ from pdserve.role import Role
 # Serve may stop a replica this long after asking; the engine itself gets 20 s of it.
 ENGINE_SHUTDOWN_S = 30.0
 HEALTH_CHECK_MARGIN_S = 5.0
+# Serve's own default. Three checks in a row past it replace the replica, and a busy node can hold
+# up the replica actor itself; whether the engine answers is judged by ray.engine_unresponsive_s.
+SERVE_HEALTH_CHECK_TIMEOUT_S = 30.0
 
 
 def app(args: dict[str, Any]) -> Application:
@@ -47,7 +50,8 @@ def engine_options(settings: Settings, role: Role) -> dict[str, Any]:
         "ray_actor_options": replica_resources(pool),
         "health_check_period_s": settings.ray.health_check_period_s,
         # The replica's check waits up to the probe's own timeout; Serve must not cut it short.
-        "health_check_timeout_s": settings.gateway.health_timeout_s + HEALTH_CHECK_MARGIN_S,
+        "health_check_timeout_s": max(settings.gateway.health_timeout_s + HEALTH_CHECK_MARGIN_S,
+                                      SERVE_HEALTH_CHECK_TIMEOUT_S),
         "graceful_shutdown_timeout_s": ENGINE_SHUTDOWN_S,
         "max_ongoing_requests": 1,  # Serve only calls the replica for health; tokens go over HTTP
     }

@@ -28,6 +28,10 @@ def test_engine_replicas_ask_for_the_pool_count_cpus_gpus_and_custom_resources()
     assert prefill["ray_actor_options"] == {"num_cpus": 4.0, "num_gpus": 0, "resources": {"prefill": 1.0}}
     # Serve must not cut short a probe that may itself wait gateway.health_timeout_s.
     assert prefill["health_check_timeout_s"] > settings.gateway.health_timeout_s
+    # ...nor give up on a replica actor that a busy node holds up sooner than Serve itself would.
+    assert prefill["health_check_timeout_s"] >= 30
+    slow_probe = parse_settings({"gateway": {"health_timeout_s": 40}}, source="t")
+    assert engine_options(slow_probe, Role.PREFILL)["health_check_timeout_s"] > 40
     assert "placement_group_bundles" not in prefill
     decode = engine_options(settings, Role.DECODE)
     assert decode["ray_actor_options"]["num_gpus"] == 2
