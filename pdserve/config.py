@@ -108,6 +108,9 @@ class KVTransferSpec(_Frozen):
         "KV block size in tokens (--block-size); auto = 128 on GPU engines (8x fewer NIXL descriptors per "
         "handoff than vLLM's 16), vLLM's own default on CPU"))
     side_channel_base_port: int = Field(5600, ge=1, le=65535)
+    progress_delay_us: int | None = Field(None, ge=0, le=100_000, description=(
+        "pause of each engine's NIXL progress thread between rounds, in microseconds; auto = 100 on CPU "
+        "engines (NIXL's own 0 spins a core per engine, docs/transport.md), NIXL's 0 on GPU engines"))
     load_failure_policy: Literal["recompute", "fail"] = Field("recompute", description=(
         "what a decode engine does when its KV pull fails (vLLM kv_load_failure_policy): recompute the "
         "prompt itself, or fail the request"))

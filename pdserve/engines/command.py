@@ -12,10 +12,13 @@ from pdserve.engines.kv_link import BufferChoice, HostLink, choose_buffer_device
 from pdserve.engines.kv_path import BUFFER_NOTE, PROVIDER_NOTE
 from pdserve.engines.model_layout import ModelLayout, engine_needs
 from pdserve.role import Role
+from pdserve_vllm import PROGRESS_DELAY_ENV
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # a CPU engine's cores
 OTLP_PROTOCOL_ENV = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+# vLLM's NixlConnector, loaded from pdserve's module that makes its NIXL progress thread pause.
+PROGRESS_CONNECTOR_MODULE = "pdserve_vllm.nixl_progress"
 # The prefill engine only produces KV cache, the decode engine only consumes it.
 KV_ROLES = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer"}
 
@@ -74,6 +77,8 @@ def build_engine_command(
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(pool.kv_cache_gib)
         env[CPU_BIND_ENV] = cpu_bind
+    if progress_delay_us(spec, kv):
+        env[PROGRESS_DELAY_ENV] = str(progress_delay_us(spec, kv))
     if otlp_traces_endpoint:
         env[OTLP_PROTOCOL_ENV] = "http/protobuf"  # vLLM's default is gRPC; one URL serves gateway and engines
     if "LIBFABRIC" in kv.backends:
@@ -115,8 +120,9 @@ def _block_size_args(spec: EngineSpec, kv: KVTransferSpec) -> list[str]:
 
 
 def kv_transfer_config(spec: EngineSpec, kv: KVTransferSpec, *, buffer_device: str) -> dict[str, Any]:
-    """vLLM's ``--kv-transfer-config`` for one engine: unique engine_id, role, buffer device."""
-    return {
+    """vLLM's ``--kv-transfer-config`` for one engine: unique engine_id, role, buffer device; vLLM's
+    connector taken from pdserve's module where its NIXL progress thread is to pause."""
+    config = {
         "kv_connector": kv.connector,
         "kv_role": KV_ROLES[spec.role],
         "engine_id": spec.engine_id,
@@ -124,6 +130,21 @@ def kv_transfer_config(spec: EngineSpec, kv: KVTransferSpec, *, buffer_device: s
         "kv_connector_extra_config": {"backends": list(kv.backends)},
         "kv_load_failure_policy": kv.load_failure_policy,
     }
+    if progress_delay_us(spec, kv):
+        config["kv_connector_module_path"] = PROGRESS_CONNECTOR_MODULE
+    return config
+
+
+# NIXL's progress thread spins a core per engine with no pause; 100 us leaves it near idle on CPU
+# engines (docs/transport.md). GPU engines keep NIXL's own 0 until a pause is measured there.
+CPU_PROGRESS_DELAY_US = 100
+
+
+def progress_delay_us(spec: EngineSpec, kv: KVTransferSpec) -> int:
+    """The pause of this engine's NIXL progress thread between rounds; 0 leaves NIXL as it is."""
+    if kv.progress_delay_us is not None:
+        return kv.progress_delay_us
+    return CPU_PROGRESS_DELAY_US if spec.pool.device == "cpu" else 0
 
 
 def split_cpus(cpus: Sequence[int], parts: int) -> list[str]:

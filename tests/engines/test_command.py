@@ -7,6 +7,7 @@ from pdserve.config import parse_settings
 from pdserve.engines.command import EngineCommand, build_engine_command, split_cpus
 from pdserve.engines.kv_link import HostLink
 from pdserve.engines.model_layout import Layout, ModelLayout
+from pdserve_vllm import PROGRESS_DELAY_ENV
 
 NO_RDMA = HostLink()
 
@@ -62,6 +63,20 @@ def test_gpu_engines_get_large_kv_blocks_unless_told_otherwise() -> None:
     assert block_sizes({"prefill": gpu, "decode": gpu, "kv": {"block_size": 64}}) == ["64", "64"]
     own = {**gpu, "extra_args": ["--block-size", "32"]}
     assert block_sizes({"prefill": own, "decode": own}) == ["32", "32"]  # once, the user's
+
+
+def test_cpu_engines_take_vllms_connector_from_the_module_that_pauses_nixls_progress_thread() -> None:
+    def pauses(tree: dict[str, object]) -> list[tuple[str | None, str | None]]:
+        return [(kv_config(command).get("kv_connector_module_path"), command.env.get(PROGRESS_DELAY_ENV))
+                for command in engine_commands(tree)]
+
+    plugin = "pdserve_vllm.nixl_progress"
+    assert pauses({}) == [(plugin, "100")] * 2
+    gpu = {"device": "cuda", "gpu_ids": [0]}
+    assert pauses({"prefill": gpu, "decode": gpu}) == [(None, None)] * 2  # NIXL's own progress thread
+    assert pauses({"kv": {"progress_delay_us": 0}}) == [(None, None)] * 2
+    assert pauses({"prefill": gpu, "decode": gpu, "kv": {"progress_delay_us": 50}}) == [(plugin, "50")] * 2
+    assert all(kv_config(command)["kv_connector"] == "NixlConnector" for command in engine_commands({}))
 
 
 def test_split_cpus_gives_each_engine_its_own_cores() -> None:

@@ -1,0 +1,21 @@
+"""Code that vLLM engines load through their own extension points. This package imports nothing
+of pdserve, and this file nothing of vLLM, so pdserve can name what it sets without loading vLLM."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The pause of an engine's NIXL progress thread between rounds, in microseconds (nixl_progress.py).
+PROGRESS_DELAY_ENV = "PDSERVE_NIXL_PROGRESS_DELAY_US"
+
+
+def pause_progress_thread(bindings: Any, delay_us: int) -> None:
+    """Every NIXL agent made through ``bindings`` (NIXL's compiled module, ``nixlBind`` in its
+    Python API) from now on pauses ``delay_us`` between progress rounds; NIXL's own is 0."""
+    make_agent = bindings.nixlAgent
+
+    def agent_with_pause(name: str, config: Any) -> Any:
+        config.pthrDelay = delay_us
+        return make_agent(name, config)
+
+    bindings.nixlAgent = agent_with_pause
