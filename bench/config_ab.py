@@ -1,0 +1,67 @@
+"""Two or more configurations of the CPU demo side by side, engines started afresh for each run (docs/transport.md, section 6).
+
+    .venv/bin/python bench/config_ab.py --arm 'pause 0={"kv": {"progress_delay_us": 0}}' --arm 'pause 100={}' \\
+        [--rounds 2] [--rate 1,2,4] [--duration 20]
+
+Each --arm is NAME=JSON, a configuration tree laid over the demo's defaults. Per round, each arm in
+the order given: `pdserve bench compare --ways disaggregated` on it. Prints each run's time to
+ready, its table rows and the load average after it; the raw results go under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def run_once(name: str, tree: dict[str, Any], *, rate: str, duration: float, out: Path) -> list[str]:
+    out.mkdir(parents=True, exist_ok=True)
+    config = out / "pdserve.yaml"
+    config.write_text(yaml.safe_dump(tree))
+    result = subprocess.run([sys.executable, "-m", "pdserve", "bench", "compare", "--config", str(config),
+                             "--ways", "disaggregated", "--rate", rate, "--duration", str(duration), "--out", str(out)],
+                            check=True, capture_output=True, text=True)
+    summary = [line for line in result.stdout.splitlines()
+               if re.match(r"\s+\S+\s+ready\s", line) or line.startswith(("KV handoff", "|"))]
+    (out / "summary.txt").write_text("\n".join(summary) + "\n")
+    ready = re.findall(r"^\s*(\S+)\s+ready\s+(\d+)s", result.stdout, re.MULTILINE)
+    rows = [line for line in summary if line.startswith("| disaggregated")]
+    return [f"{name}: ready " + ", ".join(f"{engine} {seconds} s" for engine, seconds in ready), *rows]
+
+
+def parse_arm(text: str) -> tuple[str, dict[str, Any]]:
+    name, _, tree = text.partition("=")
+    parsed = json.loads(tree or "{}")
+    if not name or not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"an arm is NAME=JSON object, not {text!r}")
+    return name, parsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arm", type=parse_arm, action="append", required=True)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rate", default="1,2,4")
+    parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument("--out", type=Path, default=Path("runs/config-ab"))
+    args = parser.parse_args()
+    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"load average {os.getloadavg()[0]:.1f} at the start", flush=True)
+    for round_number in range(1, args.rounds + 1):
+        for index, (name, tree) in enumerate(args.arm):
+            lines = run_once(name, tree, rate=args.rate, duration=args.duration,
+                             out=args.out / f"round{round_number}-arm{index + 1}")
+            print("\n".join(lines), f"\nload average {os.getloadavg()[0]:.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
