@@ -17,6 +17,7 @@ RUN if [ ! -e /opt/amazon/efa/lib/libfabric.so ]; then \
 
 COPY --chown=ray:users pyproject.toml README.md /home/ray/pdserve/
 COPY --chown=ray:users pdserve /home/ray/pdserve/pdserve
+COPY --chown=ray:users pdserve_vllm /home/ray/pdserve/pdserve_vllm
 
 # Every package the image already has keeps its version (vLLM, torch, Ray, NIXL): pip only adds
 # what pdserve needs and the image lacks, and fails loudly if pdserve needs another version.

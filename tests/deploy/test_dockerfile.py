@@ -38,7 +38,10 @@ def test_base_image_is_the_ray_llm_image_of_the_default_ray_version() -> None:
 
 def test_pdserve_is_installed_from_the_copied_project() -> None:
     copied = " ".join(arguments("COPY"))
-    assert "pyproject.toml" in copied and "pdserve /home/ray/pdserve/pdserve" in copied
+    assert "pyproject.toml" in copied
+    for package in sorted(path.parent.name for path in REPO.glob("pdserve*/__init__.py")):  # every one pip installs
+        assert f"{package} /home/ray/pdserve/{package}" in copied, package
+        assert f"!{package}/" in (REPO / ".dockerignore").read_text().splitlines(), package
     assert any(command.strip().endswith("/home/ray/pdserve") for command in pip_installs())
 
 
