@@ -47,8 +47,6 @@ from pdserve.bench.sweep import StreamsLoad, sweep
 from pdserve.bench.workload import BenchRequest, Lengths, synthetic
 from pdserve.config import DEMO_MODEL_NAME, load_settings
 from pdserve.engines.cpu_affinity import confine_workers
-from pdserve.errors import EngineStartFailed
-from pdserve.up import warm_up
 from tests.e2e.ray_cluster import LocalCluster, Node, local_cluster
 
 HEAD, PREFILL_NODE, DECODE_NODE = "127.0.0.2", "127.0.0.3", "127.0.0.4"
@@ -259,9 +257,11 @@ async def first_answer(
         while time.perf_counter() - started_s < READY_TIMEOUT_S:
             if process.returncode not in (None, 0):
                 raise RuntimeError(f"deploy command exited with {process.returncode}; see {log_path}")
-            with contextlib.suppress(EngineStartFailed, aiohttp.ClientError, TimeoutError):
-                await warm_up(session, url, DEMO_MODEL_NAME, progress=lambda _line: None)
-                return time.perf_counter() - started_s
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                body = {"model": DEMO_MODEL_NAME, "prompt": "warm up", "max_tokens": 2}
+                async with session.post(url + "/v1/completions", json=body) as reply:
+                    if reply.status == 200:
+                        return time.perf_counter() - started_s
             await asyncio.sleep(POLL_S)
     raise RuntimeError(f"{url} did not answer within {READY_TIMEOUT_S:.0f} s; see {log_path}")
 
