@@ -183,6 +183,17 @@ def test_each_engines_worker_threads_stay_on_its_own_cores(stack: Stack) -> None
         assert "worker thread(s) back onto cores" in "".join(stack.output)
 
 
+def test_idle_engines_leave_the_cores_idle(stack: Stack) -> None:
+    """NIXL's progress thread spun a core per engine with no pause; pdserve's connector module pauses it."""
+    workers = [child for pid in stack.engine_pids for child in psutil.Process(pid).children(recursive=True)
+               if child.name() == WORKER_NAME]
+    before = [worker.cpu_times() for worker in workers]
+    time.sleep(3.0)
+    busy = [(after.user + after.system - start.user - start.system) / 3.0
+            for start, after in zip(before, (worker.cpu_times() for worker in workers), strict=True)]
+    assert len(busy) == 2 and max(busy) < 0.5, f"share of a core each idle engine's worker kept busy: {busy}"
+
+
 def test_stopping_up_leaves_no_engine_process_behind(stack: Stack) -> None:
     engine_processes = [psutil.Process(pid) for pid in stack.engine_pids]
     family = engine_processes + [child for proc in engine_processes for child in proc.children(recursive=True)]
