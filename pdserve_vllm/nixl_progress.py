@@ -4,7 +4,7 @@ vLLM's own NixlConnector, unchanged, whose NIXL agent's progress thread pauses b
 NIXL's Python API starts the agent's progress thread with no pause (``pthrDelay`` 0), so each
 engine keeps one core busy in system calls even while no KV moves: two idle CPU engines filled
 both cores of a 2-core host. With a pause of ``PROGRESS_DELAY_ENV`` microseconds between rounds
-that thread is near idle (docs/transport.md, "NIXL's progress thread").
+that thread is near idle (docs/transport.md, section 6).
 """
 
 from __future__ import annotations

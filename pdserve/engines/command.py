@@ -77,8 +77,8 @@ def build_engine_command(
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(pool.kv_cache_gib)
         env[CPU_BIND_ENV] = cpu_bind
-    if progress_delay_us(spec, kv):
-        env[PROGRESS_DELAY_ENV] = str(progress_delay_us(spec, kv))
+    if delay_us := progress_delay_us(spec, kv):
+        env[PROGRESS_DELAY_ENV] = str(delay_us)
     if otlp_traces_endpoint:
         env[OTLP_PROTOCOL_ENV] = "http/protobuf"  # vLLM's default is gRPC; one URL serves gateway and engines
     if "LIBFABRIC" in kv.backends:
