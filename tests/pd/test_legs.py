@@ -19,3 +19,14 @@ def test_decode_body_is_the_original_plus_prefill_kv_params() -> None:
     body = {"model": "m", "prompt": "p", "stream": True}
     assert decode.make_body(body, kv) == {**body, "kv_transfer_params": dict(kv.fields)}
     assert kv.block_count == 3
+
+
+def test_a_handoff_given_back_passes_vllms_request_validation_and_names_no_served_model() -> None:
+    """vLLM frees the prefill engine's blocks only for a request its handler refuses: a body that
+    fails validation first (an empty prompt did) never reaches the clean-up."""
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    kv = KVTransferParams(fields={"do_remote_prefill": True, "remote_block_ids": [[1]], "remote_engine_id": "e"},
+                          prompt_tokens=9)
+    request = CompletionRequest(**decode.make_release_body(kv))
+    assert request.model == decode.RELEASE_MODEL and request.kv_transfer_params == dict(kv.fields)
