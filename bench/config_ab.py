@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+ENGINE_READY = re.compile(r"\s*(\S+)\s+ready\s+(\d+)s")  # `bench compare`'s line as each engine answers
+
 
 def run_once(name: str, tree: dict[str, Any], *, rate: str, duration: float, out: Path) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
@@ -30,12 +32,12 @@ def run_once(name: str, tree: dict[str, Any], *, rate: str, duration: float, out
     result = subprocess.run([sys.executable, "-m", "pdserve", "bench", "compare", "--config", str(config),
                              "--ways", "disaggregated", "--rate", rate, "--duration", str(duration), "--out", str(out)],
                             check=True, capture_output=True, text=True)
-    summary = [line for line in result.stdout.splitlines()
-               if re.match(r"\s+\S+\s+ready\s", line) or line.startswith(("KV handoff", "|"))]
+    lines = result.stdout.splitlines()
+    ready = [match for line in lines if (match := ENGINE_READY.match(line))]
+    summary = [line for line in lines if ENGINE_READY.match(line) or line.startswith(("KV handoff", "|"))]
     (out / "summary.txt").write_text("\n".join(summary) + "\n")
-    ready = re.findall(r"^\s*(\S+)\s+ready\s+(\d+)s", result.stdout, re.MULTILINE)
     rows = [line for line in summary if line.startswith("| disaggregated")]
-    return [f"{name}: ready " + ", ".join(f"{engine} {seconds} s" for engine, seconds in ready), *rows]
+    return [f"{name}: ready " + ", ".join(f"{match[1]} {match[2]} s" for match in ready), *rows]
 
 
 def parse_arm(text: str) -> tuple[str, dict[str, Any]]:
