@@ -101,6 +101,8 @@ def verify(
     expected_gbps: Annotated[float | None, typer.Option(help="The link's bandwidth, GB/s (default: by link).")] = None,
     prompt_tokens: Annotated[int | None, typer.Option(help="Probe prompt length (default: near max_model_len).")] = None,
     probes: Annotated[int, typer.Option(min=1, help="Probes per pair; the fastest is judged.")] = 3,
+    slack_ms: Annotated[float | None, typer.Option(
+        min=0, help="Time a transfer may take beyond its bytes at the bar (default: 5 on host memory, else 0).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Check the KV transfer path of a running deployment; exit 1 and say what to change if slow."""
@@ -111,7 +113,8 @@ def verify(
     url = gateway_url or f"http://{settings.gateway.host}:{settings.gateway.port}"
     try:
         reports = asyncio.run(run_verify(settings, gateway_url=url, min_fraction=min_fraction,
-                                         expected_gbps=expected_gbps, prompt_tokens=prompt_tokens, probes=probes))
+                                         expected_gbps=expected_gbps, prompt_tokens=prompt_tokens, probes=probes,
+                                         slack_ms=slack_ms))
     except (PdserveError, aiohttp.ClientError, TimeoutError) as exc:
         print(f"error: cannot probe the deployment: {exc}", file=sys.stderr)
         raise typer.Exit(1) from exc

@@ -7,6 +7,7 @@ from enum import StrEnum
 
 from pdserve.config import PoolSpec
 from pdserve.engines.kv_path import KvPath
+from pdserve.pd.transfer_stats import TransferCounters
 from pdserve.verify.probe import HandoffProbe
 
 
@@ -23,6 +24,12 @@ NOMINAL_GBPS = {
     Link.GPU_TO_GPU: 450.0,  # NVLink 4, one direction
     Link.NETWORK: 12.5,  # 100 Gb/s
 }
+
+# What one transfer may take beyond its bytes at the bar, unblamed on the link, ms. The decode engine
+# sees a transfer finish only when it next polls NIXL, between its steps: on a busy CPU host that is
+# milliseconds, longer than the CPU demo's 2 MB probe takes to copy (0.3-5 ms measured on 2 cores,
+# docs/transport.md section 7). GPU probes move 100+ MB, so there the bytes decide.
+SLACK_MS = {Link.HOST_MEMORY: 5.0}
 
 ADVICE = {
     Link.HOST_MEMORY: "CPU engines: keep kv.buffer_device=cpu; check UCX picked shm/cma, not tcp (UCX_TLS)",
@@ -62,8 +69,10 @@ def _is_loopback(host: str) -> bool:
     return host == "localhost" or host.startswith("127.")
 
 
-def judge(probe: HandoffProbe, *, link: Link, expected_gbps: float, min_fraction: float) -> Verdict:
-    """Fail when no KV arrived over the connector, a transfer failed, or it ran too slowly."""
+def judge(probe: HandoffProbe, *, link: Link, expected_gbps: float, min_fraction: float,
+          slack_ms: float | None = None) -> Verdict:
+    """Fail when no KV arrived over the connector, a transfer failed, or it ran too slowly: longer
+    than its bytes take at ``min_fraction`` of the link plus ``slack_ms`` (default: by link)."""
     engine = probe.engine
     problems = []
     if engine.transfers < 1 or engine.bytes <= 0:
@@ -75,12 +84,19 @@ def judge(probe: HandoffProbe, *, link: Link, expected_gbps: float, min_fraction
     if engine.failed:
         problems.append(f"{engine.failed:.0f} KV transfer(s) failed")
     measured_gbps = engine.gbps
-    if engine.bytes > 0 and measured_gbps < min_fraction * expected_gbps:
+    slack = SLACK_MS.get(link, 0.0) if slack_ms is None else slack_ms
+    if engine.bytes > 0 and _is_slow(engine, bar_gbps=min_fraction * expected_gbps, slack_s=slack / 1000):
+        allowing = f", allowing {slack:g} ms a transfer" if slack else ""
         problems.append(f"KV moved at {measured_gbps:.3g} GB/s, under {min_fraction:.0%} of the {link.value} "
-                        f"link's {expected_gbps:.3g} GB/s. {ADVICE[link]}")
+                        f"link's {expected_gbps:.3g} GB/s{allowing}. {ADVICE[link]}")
     handoff_gbps = engine.bytes / probe.decode_s / 1e9 if probe.decode_s > 0 else 0.0
     return Verdict(link=link, expected_gbps=expected_gbps, measured_gbps=measured_gbps,
                    handoff_gbps=handoff_gbps, problems=tuple(problems))
+
+
+def _is_slow(engine: TransferCounters, *, bar_gbps: float, slack_s: float) -> bool:
+    transfers = max(engine.transfers, 1.0)
+    return engine.seconds / transfers > engine.bytes / transfers / (bar_gbps * 1e9) + slack_s
 
 
 EFA_ADVICE = ("EFA was asked for (placement.efa_devices or kv.libfabric_provider: efa): set kv.backends: [LIBFABRIC], "

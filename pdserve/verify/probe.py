@@ -6,6 +6,7 @@ needed and the KV size is known exactly: prompt tokens x the model's KV bytes pe
 
 from __future__ import annotations
 
+import random
 import time
 import uuid
 from dataclasses import dataclass
@@ -31,8 +32,11 @@ class HandoffProbe:
 
 
 def probe_token_ids(count: int, *, seed: int) -> list[int]:
-    """A deterministic prompt of ``count`` token ids, valid for any vocabulary over 1,000."""
-    return [10 + (seed * 131 + index * 7919) % 990 for index in range(count)]
+    """A deterministic prompt of ``count`` token ids, valid for any vocabulary over 1,000. Seeds give
+    prompts that share no prefix (an arithmetic sequence mod 990 had only 990 of them, so repeated
+    runs of ``pdserve verify`` hit the decode engine's prefix cache and moved less KV)."""
+    draw = random.Random(seed)
+    return [draw.randrange(10, 1000) for _ in range(count)]
 
 
 async def probe_handoff(

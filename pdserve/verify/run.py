@@ -62,7 +62,7 @@ class Engine:
 
 async def verify(
     settings: Settings, *, gateway_url: str | None, min_fraction: float, expected_gbps: float | None,
-    prompt_tokens: int | None, probes: int = 3, timeout_s: float = 120.0,
+    prompt_tokens: int | None, probes: int = 3, slack_ms: float | None = None, timeout_s: float = 120.0,
 ) -> list[PairReport]:
     """Probe each (prefill, decode) pair ``probes`` times and judge the fastest handoff: bandwidth is
     what the path can do, and one probe can land on a scheduling hiccup of a busy host. Raises
@@ -101,7 +101,7 @@ async def verify(
             path_problems=tuple(problem for (role, path), engine in zip(paths.items(), (prefill, decode), strict=True)
                                 for problem in kv_path_problems(path, role=role, url=engine.url, is_efa_asked=efa)),
             kv_bytes=probe.engine.bytes, prefill_ms=probe.prefill_s * 1000, decode_ms=probe.decode_s * 1000,
-            verdict=judge(probe, link=link, expected_gbps=expected, min_fraction=min_fraction),
+            verdict=judge(probe, link=link, expected_gbps=expected, min_fraction=min_fraction, slack_ms=slack_ms),
             is_pd_equal_local=is_equal,
         ))
     return reports

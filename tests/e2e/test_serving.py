@@ -145,8 +145,8 @@ def run_verify(stack: Stack, *flags: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_verify_reports_backend_transports_and_bandwidth_of_the_demo(stack: Stack) -> None:
-    # The demo's 2 MB handoffs take ~0.3 ms, so on 2 busy cores a scheduling hiccup can slow a whole
-    # run of probes 10x (once in CI: 3 probes, the best 0.5 GB/s against a typical 6-7 GB/s).
+    # The demo's 2 MB handoffs take ~0.3 ms; the decode engine can see one finish milliseconds later on
+    # 2 busy cores (once in CI: the best of 5 probes at 0.67 GB/s, 3 ms), which verify's slack allows.
     result = run_verify(stack, "--json", "--probes", "5")
     assert result.returncode == 0, result.stdout + result.stderr
     (pair,) = json.loads(result.stdout)
@@ -155,7 +155,7 @@ def test_verify_reports_backend_transports_and_bandwidth_of_the_demo(stack: Stac
 
 
 def test_verify_flags_a_path_slower_than_its_link_and_exits_nonzero(stack: Stack) -> None:
-    result = run_verify(stack, "--expected-gbps", "100000")  # a link no host-memory path can reach
+    result = run_verify(stack, "--expected-gbps", "100000", "--slack-ms", "0")  # a link no host-memory path can reach
     assert result.returncode == 1
     assert "FAIL" in result.stdout and "under 10% of the host-memory link" in result.stdout
 

@@ -5,7 +5,7 @@ from pdserve.engines.kv_path import KvPath
 from pdserve.gateway.kv_monitor import check_window
 from pdserve.pd.transfer_stats import TransferCounters, parse_counters
 from pdserve.verify.checks import Link, classify_link, judge, kv_path_problems
-from pdserve.verify.probe import HandoffProbe
+from pdserve.verify.probe import HandoffProbe, probe_token_ids
 
 METRICS = """# TYPE vllm:nixl_bytes_transferred histogram
 vllm:nixl_bytes_transferred_sum{engine="0",model_name="m"} 2000000.0
@@ -46,6 +46,30 @@ def test_slow_recomputed_or_failed_paths_are_flagged_with_advice() -> None:
     failed = judge(probe(TransferCounters(bytes=2e6, seconds=0.001, transfers=1, failed=1, external_tokens=1000)),
                    link=Link.HOST_MEMORY, expected_gbps=1.0, min_fraction=0.1)
     assert failed.problems == ("1 KV transfer(s) failed",)
+
+
+def test_host_memory_allows_the_engines_polling_delay_per_transfer() -> None:
+    # The CPU demo's 2 MB handoff in 3 ms: 0.67 GB/s, under 10% of 12.4 GB/s, yet 1.6 ms of bytes + 5 ms of slack.
+    polled_late = probe(TransferCounters(bytes=2e6, seconds=0.003, transfers=1, external_tokens=1000))
+    assert judge(polled_late, link=Link.HOST_MEMORY, expected_gbps=12.4, min_fraction=0.1).is_ok
+    strict = judge(polled_late, link=Link.HOST_MEMORY, expected_gbps=12.4, min_fraction=0.1, slack_ms=0)
+    assert "under 10% of the host-memory link's 12.4 GB/s. CPU engines" in strict.problems[0]
+    stuck = judge(probe(TransferCounters(bytes=2e6, seconds=0.020, transfers=1, external_tokens=1000)),
+                  link=Link.HOST_MEMORY, expected_gbps=12.4, min_fraction=0.1)
+    assert "allowing 5 ms a transfer" in stuck.problems[0]
+    # Two transfers: the slack is per transfer, 2 x (1.6 + 5) ms.
+    assert judge(probe(TransferCounters(bytes=4e6, seconds=0.013, transfers=2, external_tokens=1000)),
+                 link=Link.HOST_MEMORY, expected_gbps=12.4, min_fraction=0.1).is_ok
+    # GPU links get no slack: 156 MB in 10 ms is 15.6 GB/s, under 10% of 1800.
+    assert not judge(probe(TransferCounters(bytes=156e6, seconds=0.010, transfers=1, external_tokens=1000)),
+                     link=Link.SAME_GPU, expected_gbps=1800.0, min_fraction=0.1).is_ok
+
+
+def test_probe_prompts_of_different_seeds_share_no_first_block() -> None:
+    first_blocks = {tuple(probe_token_ids(2048, seed=seed)[:16]) for seed in range(5000)}
+    assert len(first_blocks) == 5000
+    assert probe_token_ids(64, seed=7) == probe_token_ids(64, seed=7)
+    assert all(10 <= token < 1000 for token in probe_token_ids(2048, seed=3))
 
 
 def test_links_follow_where_engines_run() -> None:
