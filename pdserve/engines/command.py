@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdserve.config import EngineSpec, KVTransferSpec, ModelSpec, PoolSpec
+from pdserve.engines.cpu_affinity import parse_cpu_list
 from pdserve.engines.kv_link import BufferChoice, HostLink, choose_buffer_device, libfabric_env, libfabric_provider
 from pdserve.engines.kv_path import BUFFER_NOTE, PROVIDER_NOTE
 from pdserve.engines.model_layout import ModelLayout, engine_needs
@@ -58,6 +59,7 @@ def build_engine_command(
         *_block_size_args(spec, kv),
         *needs.args,
         *_tracing_args(otlp_traces_endpoint),
+        *_cpu_executor_args(pool),
         *pool.extra_args,
     ]
     env = {
@@ -77,6 +79,9 @@ def build_engine_command(
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(pool.kv_cache_gib)
         env[CPU_BIND_ENV] = cpu_bind
+        env.update(CPU_ENGINE_ENV)
+        if cores := parse_cpu_list(cpu_bind):
+            env["OMP_NUM_THREADS"] = str(len(cores))  # else vLLM's uni executor runs one thread, or the host's all
     if delay_us := progress_delay_us(spec, kv):
         env[PROGRESS_DELAY_ENV] = str(delay_us)
     if otlp_traces_endpoint:
@@ -104,6 +109,21 @@ def kv_notes(
 # dominated the handoff on an H200: 128-token blocks cut the decode engine's inter-token p99 under
 # load from 49 to 14 ms and tripled its KV bandwidth (docs/transport.md).
 GPU_BLOCK_SIZE = 128
+
+
+# A CPU engine runs its model in the engine-core process (vLLM's "uni" executor) instead of a worker
+# process of its own: on the 2-core demo that took PD TTFT p50 from 60-180 to 35-65 ms and made the
+# engines ready 15 s sooner (docs/benchmarks.md, section 9). vLLM-CPU forces its "mp" executor
+# unless VLLM_ENABLE_V1_MULTIPROCESSING is 0; the API server still runs the engine core apart.
+# vLLM-CPU 0.32 saves an AOT-compiled model at each start and fails to load it at the next
+# ("'function' object has no attribute 'finalize_loading'"): compiling without AOT takes less.
+CPU_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_AOT_COMPILE": "0"}
+
+
+def _cpu_executor_args(pool: PoolSpec) -> list[str]:
+    """vLLM's "uni" executor for a CPU engine of one worker; a pool's extra_args can name another."""
+    is_one_worker = pool.tensor_parallel_size == 1
+    return ["--distributed-executor-backend", "uni"] if pool.device == "cpu" and is_one_worker else []
 
 
 def _tracing_args(otlp_traces_endpoint: str) -> list[str]:

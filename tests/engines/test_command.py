@@ -79,6 +79,23 @@ def test_cpu_engines_take_vllms_connector_from_the_module_that_pauses_nixls_prog
     assert all(kv_config(command)["kv_connector"] == "NixlConnector" for command in engine_commands({}))
 
 
+def test_cpu_engines_run_the_model_in_the_engine_core_on_threads_for_their_cores() -> None:
+    def executor(argv: list[str]) -> str | None:
+        flags = [index for index, arg in enumerate(argv) if arg == "--distributed-executor-backend"]
+        return argv[flags[-1] + 1] if flags else None  # argparse keeps the last
+
+    (prefill_argv, prefill_env), _ = commands({})
+    assert executor(prefill_argv) == "uni" and prefill_env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert prefill_env["VLLM_USE_AOT_COMPILE"] == "0" and prefill_env["OMP_NUM_THREADS"] == "1"  # cpu_bind "0"
+    (own_argv, own_env), _ = commands({"prefill": {"extra_args": ["--distributed-executor-backend", "mp"],
+                                                   "env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}}})
+    assert executor(own_argv) == "mp" and own_env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+    (gpu_argv, gpu_env), _ = commands({"prefill": {"device": "cuda", "gpu_ids": [0]}})
+    assert executor(gpu_argv) is None and "OMP_NUM_THREADS" not in gpu_env and "VLLM_USE_AOT_COMPILE" not in gpu_env
+    (tp_argv, _env), _ = commands({"prefill": {"tensor_parallel_size": 2}})
+    assert executor(tp_argv) is None  # two workers need vLLM's own multiprocess executor
+
+
 def test_split_cpus_gives_each_engine_its_own_cores() -> None:
     assert split_cpus([0, 1], 2) == ["0", "1"]
     assert split_cpus([0, 1, 2, 3, 4], 2) == ["0,1", "2,3"]

@@ -1,4 +1,4 @@
-"""Confining a CPU engine's worker threads, against a real process tree on this machine."""
+"""Confining a CPU engine's threads, against a real process tree on this machine."""
 
 from __future__ import annotations
 
@@ -9,13 +9,12 @@ import time
 
 import pytest
 
-from pdserve.engines.cpu_affinity import WORKER_NAME, confine_workers, parse_cpu_list
+from pdserve.engines.cpu_affinity import confine_engine, parse_cpu_list
 
-# A stand-in worker, as vLLM-CPU leaves it: named like vLLM's workers, pinned to the last core.
-STRAY_WORKER = f"""
+# A stand-in engine core, as vLLM-CPU leaves it: its model thread pinned to the last core.
+STRAY_WORKER = """
 import os, sys, time
-open("/proc/self/comm", "w").write({WORKER_NAME!r})
-os.sched_setaffinity(0, {{max(os.sched_getaffinity(0))}})
+os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
 print("ready", flush=True)
 time.sleep(30)
 """
@@ -28,7 +27,7 @@ def test_cpu_lists_parse_like_vllm_and_taskset() -> None:
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to move a thread between")
-def test_a_worker_pinned_outside_its_engines_cores_is_moved_back() -> None:
+def test_a_thread_pinned_outside_its_engines_cores_is_moved_back() -> None:
     own_core = min(os.sched_getaffinity(0))
     # The engine is a shell whose child is the worker, as vLLM's API server parents its engine core.
     engine = subprocess.Popen(["/bin/sh", "-c", '"$0" -c "$1"; true', sys.executable, STRAY_WORKER],
@@ -37,10 +36,10 @@ def test_a_worker_pinned_outside_its_engines_cores_is_moved_back() -> None:
         assert engine.stdout is not None and engine.stdout.readline() == "ready\n"
         worker = next(pid for pid in _children(engine.pid))
         assert os.sched_getaffinity(worker) != {own_core}
-        moved = confine_workers(engine.pid, {own_core})
+        moved = confine_engine(engine.pid, {own_core})
         assert worker in moved and os.sched_getaffinity(worker) == {own_core}
-        assert confine_workers(engine.pid, {own_core}) == []  # nothing left outside
-        assert os.sched_getaffinity(engine.pid) == os.sched_getaffinity(0)  # not a worker: untouched
+        assert os.sched_getaffinity(engine.pid) == {own_core}  # the engine's own process too
+        assert confine_engine(engine.pid, {own_core}) == []  # nothing left outside
     finally:
         subprocess.run(["pkill", "-P", str(engine.pid)], check=False)
         engine.kill()
