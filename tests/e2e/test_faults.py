@@ -109,7 +109,7 @@ class StreamResult:
 
 def stream(stack: Stack, *, max_tokens: int, started: threading.Event | None = None,
            stop_after_chunks: int | None = None) -> StreamResult:
-    """One greedy streamed completion; ``started`` is set after 5 chunks."""
+    """One greedy streamed completion; ``started`` is set once 5 events have come (a read can bring several)."""
     body = {"model": DEMO_MODEL_NAME, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True}
     result = StreamResult()
@@ -121,7 +121,7 @@ def stream(stack: Stack, *, max_tokens: int, started: threading.Event | None = N
             *events, buffer = buffer.split("\n\n")
             result.events += events
             result.chunks += 1
-            if started is not None and result.chunks == 5:
+            if started is not None and len(result.events) >= 5:
                 started.set()
             if stop_after_chunks is not None and result.chunks >= stop_after_chunks:
                 return result  # leaving the block closes the connection: the client is gone
@@ -133,7 +133,12 @@ def _text(event: str) -> str:
     return json.loads(event[6:])["choices"][0]["text"] if event.startswith("data: {") and '"error"' not in event else ""
 
 
-def streams_through_a_fault(stack: Stack, fault: object, *, count: int = 4, max_tokens: int = 80) -> list[StreamResult]:
+# Long enough to still be flowing when a fault comes: 80 tokens took the demo's engines under half a second.
+FAULT_STREAM_TOKENS = 400
+
+
+def streams_through_a_fault(stack: Stack, fault: object, *, count: int = 4,
+                            max_tokens: int = FAULT_STREAM_TOKENS) -> list[StreamResult]:
     """``count`` streams at once; ``fault()`` runs once every one of them is flowing."""
     flowing = [threading.Event() for _ in range(count)]
     with ThreadPoolExecutor(count) as pool:
@@ -158,8 +163,10 @@ def test_a_client_gone_while_queued_for_a_decode_slot_gives_its_handoff_back_at_
     urls, prefill_url = engine_urls(stack), stack.engine_urls["prefill"]
     released_before = gateway_metric(stack, "pdserve_kv_releases_total")
     flowing = [threading.Event() for _ in range(4)]
-    with ThreadPoolExecutor(4) as pool:  # two streams per decode engine fill every decode slot
-        holders = [pool.submit(stream, stack, max_tokens=300, started=event) for event in flowing]
+    # Two streams per decode engine fill every decode slot, and long enough to outlast the fifth
+    # request's prefill: 300 tokens took the demo's engines 1.5 s, and the fifth never had to wait.
+    with ThreadPoolExecutor(4) as pool:
+        holders = [pool.submit(stream, stack, max_tokens=1500, started=event) for event in flowing]
         assert all(event.wait(120) for event in flowing), "a stream never started"
         with socket.create_connection(("127.0.0.1", int(stack.base_url.rsplit(":", 1)[1]))) as client:
             body = json.dumps({"model": DEMO_MODEL_NAME, "prompt": "waiting " + PROMPT, "max_tokens": 5}).encode()
@@ -216,7 +223,7 @@ def test_a_decode_engine_whose_kv_pull_fails_recomputes_the_prompt_and_answers(s
 
 def test_kill_9_of_a_decode_engine_mid_stream_every_stream_completes(stack: Stack) -> None:
     urls = engine_urls(stack)
-    unbroken = stream(stack, max_tokens=80)
+    unbroken = stream(stack, max_tokens=FAULT_STREAM_TOKENS)
     victim = engine_process(urls[1])
     results = streams_through_a_fault(stack, lambda: os.kill(victim.pid, signal.SIGKILL))
     assert all(result.is_complete for result in results), [r.events[-2:] for r in results]
