@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 
 from pdserve.config import Settings
+from pdserve.demo.model import build_demo_model
 from pdserve.engines.model_layout import ModelLayout, describe, read_layout
 from pdserve.engines.supervisor import Supervisor
 from pdserve.errors import ConfigError, EngineStartFailed
@@ -70,8 +71,6 @@ async def resolve_model(settings: Settings, *, progress: Callable[[str], None]) 
     """The model folder engines load: the configured one, or the demo model (built on first use)."""
     if settings.model.path is not None:
         return settings.model.path
-    from pdserve.demo.model import build_demo_model  # torch + transformers: only when needed
-
     return str(await asyncio.to_thread(build_demo_model, settings.demo_model_dir, progress=progress))
 
 

@@ -11,27 +11,19 @@ import hashlib
 import json
 import os
 import shutil
-import sysconfig
 import tempfile
-import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-import torch
-from safetensors.torch import save_file
-from tokenizers import Tokenizer
-from transformers import Qwen3ForCausalLM
-
 from pdserve.config import DEMO_MODEL_NAME
-from pdserve.demo import corpus, train
+from pdserve.demo.plan import TrainPlan
 
 MARKER_FILE = "pdserve-demo.json"
 DEFAULT_TRAIN_STEPS = 250
 # Bump whenever a change to corpus.py, train.py or this file would change the built bytes.
 RECIPE_VERSION = 1
-# float32, not bfloat16: the model is tiny, and full precision keeps greedy output identical
-# between a prefill/decode pair and one local engine (vLLM needs `--dtype float32` to keep it).
-WEIGHTS_DTYPE = torch.float32
+# build.WEIGHTS_DTYPE as the recipe names it; a constant here, so checking a built folder needs no torch.
+WEIGHTS_DTYPE_NAME = "torch.float32"
 
 
 def default_demo_model_dir(cache_home: Path) -> Path:
@@ -64,7 +56,7 @@ def build_demo_model(
     Raises FileExistsError when `target_dir` holds files but no demo-model marker (it is never
     deleted then), and OSError when the parent folder cannot be written.
     """
-    plan = train.TrainPlan(steps=train_steps)
+    plan = TrainPlan(steps=train_steps)
     recipe = _recipe(plan)
     target_dir.parent.mkdir(parents=True, exist_ok=True)
     # Engines that start together on one node (Ray replicas) build it once: the rest wait on a lock
@@ -77,7 +69,10 @@ def build_demo_model(
             raise FileExistsError(f"{target_dir} holds files that are not a pdserve demo model; refusing to replace it")
         staging = Path(tempfile.mkdtemp(prefix=f".{target_dir.name}-", dir=target_dir.parent))
         try:
-            _build(staging, plan=plan, recipe=recipe, progress=progress)
+            from pdserve.demo.build import build_into  # torch + transformers: only to build
+
+            build_into(staging, plan=plan, progress=progress)
+            _seal(staging, recipe=recipe)
             _move_into_place(staging, target_dir)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -94,29 +89,8 @@ def _is_complete(model_dir: Path, *, recipe: dict[str, object]) -> bool:
         return False
 
 
-def _recipe(plan: train.TrainPlan) -> dict[str, object]:
-    return {"version": RECIPE_VERSION, "dtype": str(WEIGHTS_DTYPE), "train": dataclasses.asdict(plan)}
-
-
-def _build(staging: Path, *, plan: train.TrainPlan, recipe: dict[str, object], progress: Callable[[str], None]) -> None:
-    started = time.monotonic()
-    passages = corpus.load_passages(Path(sysconfig.get_path("stdlib")))
-    documents = corpus.render_documents(passages)
-    tokenizer = corpus.train_tokenizer(documents)
-    corpus.save_tokenizer(tokenizer, staging)
-    token_ids = torch.tensor([token for encoding in tokenizer.encode_batch(documents) for token in encoding.ids])
-    progress(f"demo model: {len(passages)} passages, {token_ids.numel()} tokens, vocab {tokenizer.get_vocab_size()}")
-    config = train.make_config(
-        vocab_size=corpus.VOCAB_SIZE,
-        bos_token_id=corpus.special_token_id(tokenizer, corpus.END_OF_TEXT),
-        eos_token_id=corpus.special_token_id(tokenizer, corpus.IM_END),
-        max_position_embeddings=corpus.MAX_CONTEXT_TOKENS,
-    )
-    model = train.train_model(token_ids, config=config, plan=plan, progress=progress)
-    _save_weights(model, staging)
-    _save_generation_config(tokenizer, staging)
-    _seal(staging, recipe=recipe)
-    progress(f"demo model: built in {time.monotonic() - started:.1f}s")
+def _recipe(plan: TrainPlan) -> dict[str, object]:
+    return {"version": RECIPE_VERSION, "dtype": WEIGHTS_DTYPE_NAME, "train": dataclasses.asdict(plan)}
 
 
 def _seal(staging: Path, *, recipe: dict[str, object]) -> None:
@@ -128,26 +102,6 @@ def _seal(staging: Path, *, recipe: dict[str, object]) -> None:
     staging.chmod(0o755)
     for path in staging.iterdir():
         path.chmod(0o644)
-
-
-def _save_weights(model: Qwen3ForCausalLM, staging: Path) -> None:
-    """Write config.json and model.safetensors without lm_head (it is the tied embedding)."""
-    model.config.dtype = WEIGHTS_DTYPE
-    model.config.save_pretrained(staging)
-    weights = {name: tensor.to(WEIGHTS_DTYPE).contiguous() for name, tensor in model.state_dict().items()}
-    del weights["lm_head.weight"]
-    save_file(weights, staging / "model.safetensors", metadata={"format": "pt"})
-
-
-def _save_generation_config(tokenizer: Tokenizer, staging: Path) -> None:
-    """Chat answers end with <|im_end|>, plain completions with <|endoftext|>: either one stops generation."""
-    end_of_text = corpus.special_token_id(tokenizer, corpus.END_OF_TEXT)
-    generation = {
-        "bos_token_id": end_of_text,
-        "eos_token_id": [corpus.special_token_id(tokenizer, corpus.IM_END), end_of_text],
-        "pad_token_id": end_of_text,
-    }
-    (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
 
 
 def _file_hashes(model_dir: Path, *, names: Iterable[str]) -> dict[str, str]:

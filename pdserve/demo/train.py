@@ -7,26 +7,13 @@ A fixed step count, not a time budget, is what makes two builds bit-identical. C
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from pdserve.demo.plan import TrainPlan
+
 _PROGRESS_EVERY_STEPS = 25
-
-
-@dataclass(frozen=True, slots=True)
-class TrainPlan:
-    """How long and how hard to train; every field feeds the recipe hash, so changing one rebuilds."""
-
-    steps: int
-    batch_size: int = 16
-    context_tokens: int = 128
-    peak_learning_rate: float = 3e-3
-    warmup_steps: int = 20
-    seed: int = 0
-    # Pinned so float reductions split the same way whatever the core count, keeping the weights identical.
-    threads: int = 2
 
 
 def make_config(*, vocab_size: int, bos_token_id: int, eos_token_id: int, max_position_embeddings: int) -> Qwen3Config:

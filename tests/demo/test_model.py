@@ -3,6 +3,8 @@
 import json
 import re
 import shutil
+import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -11,7 +13,8 @@ import torch
 from transformers import AutoTokenizer, Qwen3ForCausalLM
 
 from pdserve.demo import corpus
-from pdserve.demo.model import MARKER_FILE, build_demo_model, default_demo_model_dir
+from pdserve.demo.build import WEIGHTS_DTYPE
+from pdserve.demo.model import MARKER_FILE, WEIGHTS_DTYPE_NAME, build_demo_model, default_demo_model_dir
 
 EXPECTED_FILES = (
     "config.json",
@@ -182,3 +185,10 @@ def _words(text: str) -> list[str]:
 
 def _quiet(line: str) -> None:
     del line
+
+
+def test_checking_a_built_folder_imports_no_torch() -> None:
+    """`pdserve up` checks the demo model at every start: importing torch for that cost seconds."""
+    check = "import sys, pdserve.demo.model; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    assert subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True).stdout == "[]\n"
+    assert str(WEIGHTS_DTYPE) == WEIGHTS_DTYPE_NAME  # the recipe names the dtype the build writes
