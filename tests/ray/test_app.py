@@ -14,7 +14,7 @@ from pdserve.ray.engine_replica import (
 )
 from pdserve.ray.gateway_replica import registration_ttl_s
 from pdserve.role import Role
-from tests.conftest import free_port, free_port_block
+from tests.conftest import free_port_block
 
 
 def test_engine_replicas_ask_for_the_pool_count_cpus_gpus_and_custom_resources() -> None:
@@ -75,7 +75,7 @@ def test_replica_ranks_from_either_form_ray_gives() -> None:
 
 
 def test_side_channel_port_is_the_same_for_a_rank_on_its_node_and_moves_off_a_taken_one() -> None:
-    settings = parse_settings({"kv": {"side_channel_base_port": free_port()}}, source="t")
+    settings = parse_settings({"kv": {"side_channel_base_port": free_port_block(4)}}, source="t")
     base = settings.kv.side_channel_base_port
     specs = [replica_engine_spec(settings, role, host="127.0.0.1", rank=5, local_rank=local_rank, instance="x",
                                  gpu_ids=[])
