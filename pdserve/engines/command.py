@@ -112,8 +112,9 @@ GPU_BLOCK_SIZE = 128
 
 
 # A CPU engine runs its model in the engine-core process (vLLM's "uni" executor) instead of a worker
-# process of its own: on the 2-core demo that took PD TTFT p50 from 60-180 to 35-65 ms and made the
-# engines ready 15 s sooner (docs/benchmarks.md, section 9). vLLM-CPU forces its "mp" executor
+# process of its own: on the 2-core demo at 4 req/s that took inter-token p50 from 7.4-7.7 to 4.6-4.9
+# ms, and the engines were ready 11-17 s sooner; at 1-2 req/s the inter-token floor rose instead
+# (docs/benchmarks.md, sections 2 and 9). vLLM-CPU forces its "mp" executor
 # unless VLLM_ENABLE_V1_MULTIPROCESSING is 0; the API server still runs the engine core apart.
 # vLLM-CPU 0.32 saves an AOT-compiled model at each start and fails to load it at the next
 # ("'function' object has no attribute 'finalize_loading'"): compiling without AOT takes less.

@@ -52,6 +52,11 @@ class EngineProcess:
         return self._process.pid if self._process else None
 
     @property
+    def cores(self) -> set[int]:
+        """The cores a CPU engine runs on (VLLM_CPU_OMP_THREADS_BIND); empty for a GPU engine."""
+        return parse_cpu_list(self.command.env.get(CPU_BIND_ENV, ""))
+
+    @property
     def is_running(self) -> bool:
         return self._process is not None and self._process.returncode is None
 
@@ -68,7 +73,7 @@ class EngineProcess:
             stdout=self._log_file,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=functools.partial(_prepare_child, parse_cpu_list(self.command.env.get(CPU_BIND_ENV, ""))),
+            preexec_fn=functools.partial(_prepare_child, self.cores),
         )
 
     async def wait_exit(self) -> int:
@@ -134,11 +139,11 @@ async def bring_up(
     """
     waited_s = await engine.wait_ready(session, timeout_s=timeout_s, progress=progress)
     progress(f"  {engine.spec.name:<10} ready    {waited_s:5.0f}s  {engine.spec.base_url}")
-    cpu_bind = engine.command.env.get(CPU_BIND_ENV, "")
     if engine.pid is not None:
-        moved = confine_engine(engine.pid, parse_cpu_list(cpu_bind))
+        moved = confine_engine(engine.pid, engine.cores)
         if moved:
-            progress(f"  {engine.spec.name:<10} pinned   {len(moved)} thread(s) back onto cores {cpu_bind} "
+            progress(f"  {engine.spec.name:<10} pinned   {len(moved)} thread(s) back onto cores "
+                     f"{engine.command.env[CPU_BIND_ENV]} "
                      f"(vLLM-CPU's NIXL setup had moved them)")
 
 

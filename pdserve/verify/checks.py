@@ -95,8 +95,8 @@ def judge(probe: HandoffProbe, *, link: Link, expected_gbps: float, min_fraction
 
 
 def _is_slow(engine: TransferCounters, *, bar_gbps: float, slack_s: float) -> bool:
-    transfers = max(engine.transfers, 1.0)
-    return engine.seconds / transfers > engine.bytes / transfers / (bar_gbps * 1e9) + slack_s
+    """Longer than the bytes take at ``bar_gbps``, plus ``slack_s`` for each transfer."""
+    return engine.seconds > engine.bytes / (bar_gbps * 1e9) + slack_s * max(engine.transfers, 1.0)
 
 
 EFA_ADVICE = ("EFA was asked for (placement.efa_devices or kv.libfabric_provider: efa): set kv.backends: [LIBFABRIC], "
