@@ -28,10 +28,9 @@ unit: $(STAMP)
 	$(BIN)/pytest -m "not e2e"
 
 e2e: $(STAMP)
-	$(BIN)/pytest -m "e2e and not faults"
+	$(BIN)/pytest -m e2e
 
-# Engine faults with three real engines (tests/e2e/test_faults.py): on 2 cores the engines starve and
-# the tests time out (docs/reliability.md, "Tests"), so `make test` leaves them to this target.
+# The tests with three real engines at once (engine faults, routing, `pdserve scale`), on their own.
 faults: $(STAMP)
 	$(BIN)/pytest -m faults
 
@@ -45,7 +44,7 @@ browser:
 		"(sudo apt-get install chromium chromium-driver)"; fi
 
 test: $(STAMP) lint browser
-	$(BIN)/pytest -m "not faults"
+	$(BIN)/pytest
 
 clean:
 	rm -rf $(VENV) .pdserve

@@ -29,6 +29,7 @@ class FakeEngine:
     reject_status: int | None = None  # answer every request with this status
     reject_message: str = "prompt too long"
     break_stream_after: int | None = None  # drop the connection after N chunks
+    error_event_after: int | None = None  # end the stream after N chunks as vLLM does when its engine core dies
     token_delay_s: float = 0.0
     streams_closed_early: int = 0
     metrics_text: str = ""  # what GET /metrics answers (vLLM's Prometheus text)
@@ -81,6 +82,10 @@ class FakeEngine:
             for index, word in enumerate(WORDS):
                 if self.break_stream_after is not None and index == self.break_stream_after:
                     raise ConnectionResetError("fake engine died")
+                if self.error_event_after is not None and index == self.error_event_after:
+                    error = {"message": "EngineCore encountered an issue.", "type": "InternalServerError", "code": 500}
+                    yield f"data: {json.dumps({'error': error})}\n\ndata: [DONE]\n\n".encode()
+                    return
                 await asyncio.sleep(self.token_delay_s)
                 if index == 0 and self.metrics_when_decoding is not None:  # the KV pull ends before decoding starts
                     self.metrics_text = self.metrics_when_decoding

@@ -28,6 +28,17 @@ from pdserve.routing.decision import Mode
 from pdserve.routing.pool import Endpoint
 
 log = logging.getLogger(__name__)
+# How vLLM's server ends a stream whose request failed in the engine (its engine core died, say).
+ENGINE_ERROR_EVENT = b'data: {"error"'
+
+
+class _EngineErrorEvent(Exception):
+    """The decode engine ended its stream with an error event of its own; ``before``: the events
+    ahead of it in the same chunk, which the client still gets."""
+
+    def __init__(self, before: bytes, event: bytes) -> None:
+        super().__init__(event[:300].lstrip(b": ").decode(errors="replace"))
+        self.before = before
 
 
 class LegFailedHook(Protocol):
@@ -93,7 +104,8 @@ class Relay:
         return payload
 
     async def stream(self) -> AsyncIterator[bytes]:
-        """Pass the engines' SSE bytes through untouched, chunk by chunk, as they arrive."""
+        """Pass the engines' SSE bytes through untouched, chunk by chunk, as they arrive; an engine's
+        own error event ends its leg as a broken connection does (the stream moves on, if it can)."""
         # Per chunk: one clock read, one lock-free histogram count (gateway/token_gaps.py), one append.
         observe_gap, previous_s, sent = self._mode.itl.observe, None, self._sent
         deadline_s = self._call.arrived_s + self._spec.request_timeout_s
@@ -105,6 +117,8 @@ class Relay:
                                                                  idle_timeout_s=self._spec.decode_idle_timeout_s):
                         if drop_role:
                             chunk, drop_role = resume.drop_role_events(chunk), False
+                        if ENGINE_ERROR_EVENT in chunk:
+                            raise _EngineErrorEvent(*chunk.split(ENGINE_ERROR_EVENT, 1))
                         now_s = time.perf_counter()
                         if previous_s is None:
                             self._first_token(now_s)
@@ -120,6 +134,11 @@ class Relay:
                 except (EngineUnreachable, TimeoutError) as exc:
                     failure = legs.leg_failed(Role.DECODE, self._leg.endpoint.url, exc, status=200,
                                               timeout_s=self._spec.decode_idle_timeout_s)
+                except _EngineErrorEvent as exc:  # the request failed there, not in its input: go on elsewhere
+                    if exc.before:
+                        sent.append(exc.before)
+                        yield exc.before
+                    failure = LegFailed(Role.DECODE, self._leg.endpoint.url, 200, f"its stream ended in its own error event {exc}")
                 ending = await self._resume(failure)
                 if ending is not None:
                     yield ending

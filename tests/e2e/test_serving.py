@@ -41,10 +41,11 @@ def client(stack: Stack) -> openai.OpenAI:
 
 
 def engine_metric(url: str, name: str, **labels: str) -> float:
-    """Sum of a Prometheus metric's samples on an engine, filtered by labels."""
+    """Sum of a Prometheus metric's samples on an engine, filtered by labels (a sample with none
+    matches only when no labels are asked for)."""
     total = 0.0
     for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith(name + "{") and all(f'{key}="{value}"' in line for key, value in labels.items()):
+        if line.startswith((name + "{", name + " ")) and all(f'{key}="{value}"' in line for key, value in labels.items()):
             total += float(line.rsplit(" ", 1)[1])
     return total
 

@@ -102,6 +102,22 @@ async def test_mid_stream_failure_continues_on_the_other_decode_engine() -> None
     assert 'pdserve_decode_switches_total{kind="resumed"} 1.0' in metrics
 
 
+async def test_an_engine_ending_its_stream_with_its_own_error_event_is_resumed_on_the_other() -> None:
+    prefill, failing, healthy = FakeEngine(), FakeEngine(), FakeEngine()
+    async with gateway_over([prefill], [failing, healthy]) as base:
+        failing.error_event_after = 2  # after the warm-up: vLLM's event when its engine core died mid-stream
+        texts = []
+        for _ in range(2):  # one of the two lands on the failing engine
+            status, payload = await post(base, {"model": MODEL, "prompt": "hi", "stream": True, "max_tokens": 9})
+            assert status == 200 and b'"error"' not in payload and payload.endswith(b"data: [DONE]\n\n")
+            texts.append(text_of(payload))
+        metrics = await metrics_of(base)
+    # The healthy engine continued after the two words sent (a fake: it says all its words again).
+    assert sorted(texts) == sorted(["".join(WORDS), "".join(WORDS[:2] + WORDS)])
+    assert [body["prompt"] for body in healthy.bodies if body.get("prompt") != "hi"] == ["hi" + "".join(WORDS[:2])]
+    assert 'pdserve_decode_switches_total{kind="resumed"} 1.0' in metrics
+
+
 async def test_a_resumed_chat_stream_reads_as_one_message() -> None:
     prefill, a, b = FakeEngine(), FakeEngine(), FakeEngine()
     async with gateway_over([prefill], [a, b]) as base:
