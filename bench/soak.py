@@ -8,7 +8,9 @@ engine, SIGSTOP of the other decode engine for 10 s, and a burst of 80 requests 
 gateway's bounds. Among the steady requests: clients that disconnect mid-stream and malformed
 bodies. Every request must end in success or an explicit error (an HTTP error, or an SSE error
 event then [DONE]); a hang (no answer in 120 s) or a cut stream is a lost request. After the
-run, every engine's KV cache usage must be back at zero. Prints a markdown table and, last, JSON.
+run, every engine's KV cache usage must be back at zero: read 3 s after the last request, then again
+until NIXL's lease (30 s) has run out, since a handoff whose decode engine died is freed by it.
+Prints a markdown table and, last, JSON.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from pdserve.config import DEMO_MODEL_NAME
 from tests.conftest import free_port_block
 
 CLIENT_TIMEOUT_S = 120.0
+KV_LEASE_S = 30.0  # NIXL's kv_lease_duration: a prefill engine frees an unpulled handoff after it
 PROMPT_WORDS = ("the", "module", "provides", "functions", "for", "reading", "and", "writing", "files", "sockets",
                 "and", "other", "streams")
 GATEWAY = {"workers": 1, "health_interval_s": 0.5, "prefill_timeout_s": 15, "first_token_timeout_s": 30,
@@ -64,12 +67,21 @@ class Deployment:
     process: subprocess.Popen[str]
     log: list[str] = field(default_factory=list)
 
+    def stop(self) -> None:
+        """Ctrl-C to `pdserve up`, and wait until it has stopped every engine."""
+        self.process.send_signal(signal.SIGINT)
+        self.process.wait(timeout=120)
 
-def start(workdir: Path) -> Deployment:
+
+def start(workdir: Path, *, sections: dict[str, dict[str, object]] | None = None) -> Deployment:
+    """`pdserve up` with 1 prefill and 2 decode engines on free ports, ``sections`` laid over the soak's config."""
     base = free_port_block(7)
-    config = {"prefill": {"base_port": base + 1}, "decode": {"engines": 2, "base_port": base + 2},
-              "kv": {"side_channel_base_port": base + 4}, "gateway": {"port": base, **GATEWAY},
-              "launch": {"log_dir": str(workdir / "logs"), "restart_backoff_s": 0.5}}
+    config: dict[str, dict[str, object]] = {
+        "prefill": {"base_port": base + 1}, "decode": {"engines": 2, "base_port": base + 2},
+        "kv": {"side_channel_base_port": base + 4}, "gateway": {"port": base, **GATEWAY},
+        "launch": {"log_dir": str(workdir / "logs"), "restart_backoff_s": 0.5}}
+    for name, section in (sections or {}).items():
+        config[name] = {**config.get(name, {}), **section}
     (workdir / "soak.yaml").write_text(yaml.safe_dump(config))
     process = subprocess.Popen([sys.executable, "-m", "pdserve", "up", "--config", str(workdir / "soak.yaml")],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=workdir)
@@ -211,16 +223,28 @@ async def soak(deployment: Deployment, *, requests: int, concurrency: int) -> di
         outcomes += [task.result() for task in burst]
         await asyncio.sleep(3)  # aborted streams reach their engines
         kv_after = {url: await kv_usage(session, url) for url in deployment.engine_urls}
+        kv_idle_after_s = await seconds_until_kv_idle(session, deployment.engine_urls, within_s=KV_LEASE_S + 5)
         async with session.get(deployment.base_url + "/metrics") as reply:
             gateway_metrics = [line for line in (await reply.text()).splitlines()
                                if line.startswith(("pdserve_local_fallbacks_total", "pdserve_decode_switches_total",
                                                    "pdserve_engine_ejections_total", "pdserve_kv_releases_total",
                                                    "pdserve_requests_rejected_total", "pdserve_leg_failures_total"))]
-    return report(outcomes, faults.windows, kv_after, gateway_metrics)
+    return report(outcomes, faults.windows, kv_after, kv_idle_after_s, gateway_metrics)
+
+
+async def seconds_until_kv_idle(session: aiohttp.ClientSession, urls: list[str], *, within_s: float) -> float | None:
+    """Seconds until every engine at ``urls`` holds no KV block (read each half second); None if
+    some still hold blocks after ``within_s``: leaked, since the lease would have freed them."""
+    started_s = time.monotonic()
+    while time.monotonic() - started_s <= within_s:
+        if not any([await kv_usage(session, url) for url in urls]):
+            return round(time.monotonic() - started_s, 1)
+        await asyncio.sleep(0.5)
+    return None
 
 
 def report(outcomes: list[Outcome], windows: list[tuple[str, float, float]], kv_after: dict[str, float],
-           gateway_metrics: list[str]) -> dict[str, object]:
+           kv_idle_after_s: float | None, gateway_metrics: list[str]) -> dict[str, object]:
     during = [o for o in outcomes if any(o.started_s < end and o.ended_s > begin for _, begin, end in windows[:3])]
     engine_fault_requests = [o for o in during if o.kind in ("ok", "error")]
     return {
@@ -232,7 +256,7 @@ def report(outcomes: list[Outcome], windows: list[tuple[str, float, float]], kv_
         "retry_after_s": dict(Counter(o.retry_after_s for o in outcomes if o.kind == "rejected")),
         "errors": dict(Counter(f"{o.status} {o.detail}" for o in outcomes if o.kind == "error")),
         "faults": [{"fault": name, "recovered_s": round(end - begin, 1)} for name, begin, end in windows],
-        "kv_usage_after": kv_after, "gateway_metrics": gateway_metrics,
+        "kv_usage_after": kv_after, "kv_idle_after_s": kv_idle_after_s, "gateway_metrics": gateway_metrics,
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                     "load_average": os.getloadavg()},
     }
@@ -246,7 +270,8 @@ def to_markdown(result: dict[str, object]) -> str:
                       (f"during engine faults: {result['succeeded_despite_engine_fault']} of "
                        f"{result['engine_fault_window_requests']} answered requests succeeded"),
                       f"429 Retry-After values: {result['retry_after_s']}",
-                      f"KV usage after: {result['kv_usage_after']}"])
+                      f"KV usage 3 s after the last request: {result['kv_usage_after']}",
+                      f"every engine's KV cache empty {result['kv_idle_after_s']} s later (None: blocks leaked)"])
 
 
 def main() -> None:
@@ -260,8 +285,7 @@ def main() -> None:
         try:
             result = asyncio.run(soak(deployment, requests=args.requests, concurrency=args.concurrency))
         finally:
-            deployment.process.send_signal(signal.SIGINT)
-            deployment.process.wait(timeout=120)
+            deployment.stop()
     markdown = to_markdown(result)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -271,9 +295,7 @@ def main() -> None:
                                                       if "WARNING" in line or "ERROR" in line))
     print(markdown)
     print(json.dumps(result))
-    kv_after = result["kv_usage_after"]
-    assert isinstance(kv_after, dict)
-    sys.exit(1 if result["lost"] or any(value > 0 for value in kv_after.values()) else 0)
+    sys.exit(1 if result["lost"] or result["kv_idle_after_s"] is None else 0)
 
 
 if __name__ == "__main__":
