@@ -40,6 +40,12 @@ def run_once(name: str, tree: dict[str, Any], *, rate: str, duration: float, out
     return [f"{name}: ready " + ", ".join(f"{match[1]} {match[2]} s" for match in ready), *rows]
 
 
+def machine_line() -> str:
+    """What a run's figures rest on, printed first: the CPU, its cores and the load average."""
+    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+            f"load average {os.getloadavg()[0]:.1f} at the start")
+
+
 def parse_arm(text: str) -> tuple[str, dict[str, Any]]:
     name, _, tree = text.partition("=")
     parsed = json.loads(tree or "{}")
@@ -48,16 +54,20 @@ def parse_arm(text: str) -> tuple[str, dict[str, Any]]:
     return name, parsed
 
 
+def add_run_options(parser: argparse.ArgumentParser, *, rate: str, duration: float, out: str) -> None:
+    """The options every side-by-side run of the demo takes: rounds, its load, where results go."""
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rate", default=rate)
+    parser.add_argument("--duration", type=float, default=duration)
+    parser.add_argument("--out", type=Path, default=Path(out))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arm", type=parse_arm, action="append", required=True)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--rate", default="1,2,4")
-    parser.add_argument("--duration", type=float, default=20.0)
-    parser.add_argument("--out", type=Path, default=Path("runs/config-ab"))
+    add_run_options(parser, rate="1,2,4", duration=20.0, out="runs/config-ab")
     args = parser.parse_args()
-    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"load average {os.getloadavg()[0]:.1f} at the start", flush=True)
+    print(machine_line(), flush=True)
     for round_number in range(1, args.rounds + 1):
         for index, (name, tree) in enumerate(args.arm):
             lines = run_once(name, tree, rate=args.rate, duration=args.duration,

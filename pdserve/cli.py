@@ -16,6 +16,7 @@ from pdserve.cli_config import ConfigOption
 from pdserve.cli_config import progress as _progress
 from pdserve.cli_config import run_or_exit as _run
 from pdserve.cli_config import settings_or_exit as _settings  # the commands here keep the short name
+from pdserve.config import Settings
 from pdserve.config_doc import example_yaml
 from pdserve.demo.shapes import Shape
 from pdserve.deploy.cloud_cli import cloud_app
@@ -136,11 +137,43 @@ def status(
     from pdserve.status import fetch_rows, format_json, format_rows
 
     settings = _settings(config)
-    host = "127.0.0.1" if settings.gateway.host in ("0.0.0.0", "::") else settings.gateway.host
     with exit_on_errors():
-        rows = asyncio.run(fetch_rows(gateway_url or f"http://{host}:{settings.gateway.port}",
+        rows = asyncio.run(fetch_rows(gateway_url or _gateway_url(settings),
                                       headers=load_access_keys(settings.gateway).headers(), timeout_s=timeout_s))
     print(format_json(rows) if as_json else format_rows(rows), flush=True)
+
+
+@app.command()
+def scale(
+    pools: Annotated[list[str] | None, typer.Argument(
+        help="Pool sizes, e.g. prefill=1 decode=2; none: list the engines.", show_default=False)] = None,
+    config: ConfigOption = None,
+    gateway_url: Annotated[str | None, typer.Option(help="The gateway (default: gateway.host and port).")] = None,
+    wait: Annotated[bool, typer.Option(help="Follow the engines until the pools are as asked.")] = True,
+    timeout_s: Annotated[float, typer.Option("--timeout-s", min=1, help="Give up waiting after this long.")] = 1800.0,
+) -> None:
+    """Resize the pools of a running `pdserve up`: added engines join once ready, removed ones drain first."""
+    from pdserve.access import load_access_keys
+    from pdserve.cli_config import exit_on_errors
+    from pdserve.scale import format_members, parse_pools
+    from pdserve.scale import scale as run_scale
+
+    try:
+        body = parse_pools(pools or [])
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="POOLS") from exc
+    settings = _settings(config)
+    with exit_on_errors():
+        members = asyncio.run(run_scale(gateway_url or _gateway_url(settings), body,
+                                        headers=load_access_keys(settings.gateway).headers(), wait=wait,
+                                        timeout_s=timeout_s, progress=_progress))
+    print(format_members(members), flush=True)
+
+
+def _gateway_url(settings: Settings) -> str:
+    """The gateway this host's commands talk to: its configured address (loopback for a wildcard)."""
+    host = "127.0.0.1" if settings.gateway.host in ("0.0.0.0", "::") else settings.gateway.host
+    return f"http://{host}:{settings.gateway.port}"
 
 
 @app.command("demo-model")

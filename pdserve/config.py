@@ -215,6 +215,7 @@ class RoutingSpec(_Frozen):
 MpsMode = Literal["auto", "on", "off"]
 LogFormat = Literal["text", "json"]
 DEFAULT_LOG_ROOT = Path(".pdserve/logs")
+LOCAL_ENGINE_HOST = "127.0.0.1"  # where the gateway reaches engines `pdserve up` launched
 
 
 class LaunchSpec(_Frozen):
@@ -231,12 +232,62 @@ class LaunchSpec(_Frozen):
     restart_backoff_s: float = Field(2.0, gt=0, description="first restart delay, doubled each time")
     mps: MpsMode = Field("auto", description=(
         "CUDA MPS daemon when engines share a GPU; auto = if nvidia-cuda-mps-control is installed"))
+    max_engines_per_pool: int = Field(16, ge=1, le=256, description=(
+        "the most engines `pdserve scale` may run in one pool on this host"))
+    drain_timeout_s: float = Field(300.0, gt=0, description=(
+        "`pdserve scale` down: how long a removed engine may finish what it runs before it is stopped anyway"))
 
     @field_validator("mps", mode="before")
     @classmethod
     def _yaml_on_off(cls, value: object) -> object:
         """YAML reads a bare on/off as a boolean."""
         return ("on" if value else "off") if isinstance(value, bool) else value
+
+
+# A prefill engine computes a few prompts at a time; a decode engine batches many streams.
+DEFAULT_TARGET_REQUESTS = {Role.PREFILL: 4.0, Role.DECODE: 32.0}
+
+
+class PoolScalingSpec(_Frozen):
+    """One pool's bounds on Ray, and the load per engine Serve sizes it for (pdserve/ray/pool_size.py)."""
+
+    min_engines: int = Field(1, ge=1, description=(
+        "fewest engines; at least 1, since an empty pool reports no load to grow from"))
+    max_engines: int = Field(4, ge=1, description="most engines; Ray must have the nodes and resources for them")
+    target_requests: float = Field(gt=0, description=(
+        "running + waiting requests per engine, as the engine's /metrics counts them: more grows the pool"))
+    max_kv_usage: float = Field(0.8, gt=0, le=1, description=(
+        "KV cache use per engine (0..1) to stay under: more grows the pool"))
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> PoolScalingSpec:
+        if self.max_engines < self.min_engines:
+            raise ValueError("max_engines must be at least min_engines")
+        return self
+
+
+class RayAutoscalingSpec(_Frozen):
+    """Ray Serve grows and shrinks each pool with its engines' own load (pdserve/ray/autoscaling.py)."""
+
+    enabled: bool = Field(False, description="on: Serve sizes the pools and ignores their `engines`")
+    prefill: PoolScalingSpec = PoolScalingSpec(target_requests=DEFAULT_TARGET_REQUESTS[Role.PREFILL])
+    decode: PoolScalingSpec = PoolScalingSpec(target_requests=DEFAULT_TARGET_REQUESTS[Role.DECODE])
+    upscale_delay_s: float = Field(30.0, ge=0, description="a pool grows once its load has asked for it this long")
+    downscale_delay_s: float = Field(600.0, ge=0, description=(
+        "a pool shrinks, by one engine, once its load has asked for it this long (an engine takes minutes to start)"))
+
+    def pool(self, role: Role) -> PoolScalingSpec:
+        return self.prefill if role is Role.PREFILL else self.decode
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pool_target_defaults(cls, tree: Any) -> Any:
+        """``decode: {max_engines: 8}`` keeps the decode pool's own default target."""
+        if not isinstance(tree, dict):
+            return tree
+        pools = {role.value: {"target_requests": target, **tree[role.value]}
+                 for role, target in DEFAULT_TARGET_REQUESTS.items() if isinstance(tree.get(role.value), dict)}
+        return {**tree, **pools}
 
 
 class RaySpec(_Frozen):
@@ -253,6 +304,10 @@ class RaySpec(_Frozen):
     engine_unresponsive_s: float = Field(60.0, gt=0, description=(
         "a running engine that has not answered /health this long is replaced; one that exited is at once"))
     deploy_timeout_s: float = Field(900.0, gt=0, description="`ray up` waits this long for the app to serve")
+    drain_timeout_s: float = Field(300.0, gt=0, description=(
+        "an engine replica Serve stops (scale-down, replacement, `ray down`) leaves the gateway, then its engine "
+        "may finish what it runs this long before it is stopped anyway"))
+    autoscaling: RayAutoscalingSpec = RayAutoscalingSpec()
 
 
 class KubernetesSpec(_Frozen):
@@ -303,7 +358,7 @@ class EngineSpec(_Frozen):
     gpu_ids: list[int]
     cpu_threads_bind: str
     pool: PoolSpec
-    host: str = "127.0.0.1"
+    host: str = LOCAL_ENGINE_HOST
     instance: str = Field("", description="unique across restarts (a Ray replica id); empty = the index")
 
     @property
@@ -340,27 +395,27 @@ class Settings(_Frozen):
         """One spec per engine to launch, prefill pool first; ports and ids are unique."""
         specs: list[EngineSpec] = []
         for role in Role:
-            pool = self.pool(role)
-            for index in range(pool.engines):
-                tp = pool.tensor_parallel_size
-                specs.append(
-                    EngineSpec(
-                        role=role,
-                        index=index,
-                        port=pool.base_port + index,
-                        side_channel_port=self.kv.side_channel_base_port + len(specs),
-                        gpu_ids=pool.gpu_ids[index * tp : (index + 1) * tp],
-                        cpu_threads_bind=pool.cpu_threads_bind[index % len(pool.cpu_threads_bind)]
-                        if pool.cpu_threads_bind else "",
-                        pool=pool,
-                    )
-                )
+            for index in range(self.pool(role).engines):
+                specs.append(self.engine_spec(role, index, side_channel_port=self.kv.side_channel_base_port + len(specs)))
         return specs
 
-    def endpoint_urls(self, role: Role) -> list[str]:
-        """Where the gateway sends legs of ``role``: launched engines plus external urls."""
-        launched = [spec.base_url for spec in self.engine_specs() if spec.role is role]
-        return launched + list(self.pool(role).urls)
+    def engine_spec(self, role: Role, index: int, *, side_channel_port: int) -> EngineSpec:
+        """Engine ``index`` of ``role``'s pool (one `pdserve scale` adds past the configured count, too)."""
+        pool, tp = self.pool(role), self.pool(role).tensor_parallel_size
+        return EngineSpec(
+            role=role, index=index, port=pool.base_port + index, side_channel_port=side_channel_port,
+            gpu_ids=pool.gpu_ids[index * tp : (index + 1) * tp],
+            cpu_threads_bind=pool.cpu_threads_bind[index % len(pool.cpu_threads_bind)] if pool.cpu_threads_bind else "",
+            pool=pool,
+        )
+
+    def endpoint_urls(self, role: Role, *, scalable: bool = False) -> list[str]:
+        """Where the gateway sends legs of ``role``: launched engines plus external urls; with
+        ``scalable``, every engine `pdserve scale` may launch there too (up to max_engines_per_pool)."""
+        pool = self.pool(role)
+        count = max(pool.engines, self.launch.max_engines_per_pool) if scalable else pool.engines
+        launched = [f"http://{LOCAL_ENGINE_HOST}:{pool.base_port + index}" for index in range(count)]
+        return launched + list(pool.urls)
 
     @model_validator(mode="before")
     @classmethod
@@ -391,6 +446,11 @@ class Settings(_Frozen):
         """Where engines of this deployment log: ``launch.log_dir``, else a folder of its own named
         by the gateway port, which no other deployment on this host can hold at the same time."""
         return Path(self.launch.log_dir) if self.launch.log_dir else DEFAULT_LOG_ROOT / f"gateway-{self.gateway.port}"
+
+    @property
+    def run_dir(self) -> Path:
+        """Where `pdserve up` and its gateway processes share the engines' states (engines/members.py)."""
+        return self.engine_log_dir / "run"
 
     @property
     def demo_model_dir(self) -> Path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 import aiohttp
 
@@ -28,20 +29,29 @@ async def fetch_rows(gateway_url: str, *, headers: dict[str, str], timeout_s: fl
     """The engines the gateway at ``gateway_url`` knows. ``headers``: the admin key's
     (``AccessKeys.headers()``). Raises StatusUnavailable, saying what to do."""
     url = gateway_url.rstrip("/") + ENGINES_PATH
-    try:
-        async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)) as session, \
-                session.get(url) as reply:
-            if reply.status == 401:
-                raise StatusUnavailable(f"{url} wants the admin key: set PDSERVE_ADMIN_KEY or gateway.admin_key_file")
-            if reply.status != 200:
-                raise StatusUnavailable(f"{url} answered {reply.status}; is a pdserve gateway there?")
-            body = await reply.json(content_type=None)
-    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
-        raise StatusUnavailable(f"cannot read {url}: {exc!r}; is the gateway running?") from exc
+    async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        body = await admin_json(session, "GET", url)
     try:
         return rows_from_json(body)
     except (KeyError, TypeError, ValueError) as exc:
         raise StatusUnavailable(f"{url} answered something else than engine rows: {exc!r}") from exc
+
+
+async def admin_json(session: aiohttp.ClientSession, method: str, url: str, body: object = None) -> Any:
+    """One admin endpoint's JSON answer (2xx). Raises StatusUnavailable, saying what to do: the
+    gateway's own error message where it sent one (a bad scale request, say)."""
+    try:
+        async with session.request(method, url, json=body) as reply:
+            if reply.status == 401:
+                raise StatusUnavailable(f"{url} wants the admin key: set PDSERVE_ADMIN_KEY or gateway.admin_key_file")
+            answer = await reply.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
+        raise StatusUnavailable(f"cannot read {url}: {exc!r}; is the gateway running?") from exc
+    if reply.status >= 300:
+        error = answer.get("error") if isinstance(answer, dict) else None
+        message = error.get("message") if isinstance(error, dict) else None
+        raise StatusUnavailable(f"{url} answered {reply.status}: {message or 'is a pdserve gateway there?'}")
+    return answer
 
 
 def format_rows(rows: Sequence[EngineRow]) -> str:

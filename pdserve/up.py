@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import socket
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -18,6 +17,7 @@ import aiohttp
 
 from pdserve.config import Settings
 from pdserve.demo.model import build_demo_model
+from pdserve.engines.launcher import busy_ports
 from pdserve.engines.model_layout import ModelLayout, describe, read_layout
 from pdserve.engines.supervisor import Supervisor
 from pdserve.errors import ConfigError, EngineStartFailed
@@ -37,7 +37,7 @@ async def run_up(settings: Settings, *, progress: Callable[[str], None]) -> None
     model_path = await resolve_model(settings, progress=progress)
     layout = await resolve_layout(model_path, progress=progress)
     supervisor = Supervisor(settings, model_path=model_path, layout=layout, progress=progress)
-    server = make_gateway_server(settings)
+    server = make_gateway_server(settings, members=supervisor.members)
     tasks: list[asyncio.Task[None]] = []
     async with aiohttp.ClientSession() as session:
         try:
@@ -86,15 +86,7 @@ async def resolve_layout(model_path: str, *, progress: Callable[[str], None]) ->
 
 def _check_ports_free(settings: Settings) -> None:
     """Fail before starting anything if a port we need is taken (a stale engine, say)."""
-    busy = []
-    for port in settings.local_ports:
-        with socket.socket() as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is fine
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                busy.append(port)
-    if busy:
+    if busy := busy_ports(settings.local_ports):
         raise ConfigError(f"ports already in use: {busy}; stop what holds them or change the ports")
 
 

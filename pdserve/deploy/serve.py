@@ -10,10 +10,11 @@ from typing import Any
 
 import yaml
 
-from pdserve.config import PoolSpec, Settings
+from pdserve.config import PoolSpec, RayAutoscalingSpec, Settings
 from pdserve.role import Role
 
 IMPORT_PATH = "pdserve.ray:app"
+AUTOSCALING_POLICY = "pdserve.ray.autoscaling:EngineLoadPolicy"
 # Serve's own HTTP proxy only answers the gateway replica's status here; tokens go to gateway.port.
 ROUTE_PREFIX = "/pdserve"
 
@@ -28,11 +29,12 @@ def settings_args(settings: Settings) -> dict[str, Any]:
 def serve_config(settings: Settings) -> dict[str, Any]:
     """One Serve application running pdserve: prefill, decode and gateway deployments.
 
-    Pool sizes go in ``deployments`` rather than ``args``: Serve applies a new replica count as a
-    light update, while any change of ``args`` restarts every replica of the application.
+    Pool sizes (a replica count, or autoscaling) go in ``deployments`` rather than ``args``: Serve
+    applies those to running replicas, while any change of ``args`` restarts every replica.
     """
     unsized = {role.value: settings.pool(role).model_copy(update={"engines": PoolSpec().engines}) for role in Role}
-    args = settings_args(settings.model_copy(update=unsized))
+    unscaled = settings.ray.model_copy(update={"autoscaling": RayAutoscalingSpec()})
+    args = settings_args(settings.model_copy(update={**unsized, "ray": unscaled}))
     return {
         # Serve's proxy is not on the token path; one on the head answers the status route.
         "proxy_location": "HeadOnly",
@@ -41,8 +43,29 @@ def serve_config(settings: Settings) -> dict[str, Any]:
             "import_path": IMPORT_PATH,
             "route_prefix": ROUTE_PREFIX,
             "args": args,
-            "deployments": [{"name": role.value, "num_replicas": settings.pool(role).engines} for role in Role],
+            "deployments": [{"name": role.value, **pool_size_options(settings, role)} for role in Role],
         }],
+    }
+
+
+def pool_size_options(settings: Settings, role: Role) -> dict[str, Any]:
+    """How Serve sizes one pool: by its engines' load when ``ray.autoscaling`` is on, else ``engines`` replicas."""
+    if settings.ray.autoscaling.enabled:
+        return {"autoscaling_config": autoscaling_config(settings.ray.autoscaling, role)}
+    return {"num_replicas": settings.pool(role).engines}
+
+
+def autoscaling_config(spec: RayAutoscalingSpec, role: Role) -> dict[str, Any]:
+    """Serve's autoscaling_config of one pool: its bounds, Serve's delays, pdserve's policy with its targets."""
+    pool = spec.pool(role)
+    return {
+        "min_replicas": pool.min_engines,
+        "max_replicas": pool.max_engines,
+        "upscale_delay_s": spec.upscale_delay_s,
+        "downscale_delay_s": spec.downscale_delay_s,
+        # Unused by the policy; Serve warns that nothing scales while it exceeds max_ongoing_requests (1).
+        "target_ongoing_requests": 1,
+        "policy": {"policy_function": AUTOSCALING_POLICY, "policy_kwargs": pool.model_dump()},
     }
 
 

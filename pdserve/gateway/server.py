@@ -23,6 +23,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from pdserve.access import load_access_keys
 from pdserve.config import Settings
+from pdserve.engines.members import MembersFolder
 from pdserve.errors import EngineStartFailed
 from pdserve.gateway.app import TRANSPORT_EXTENSION, build_app
 from pdserve.gateway.workers import SharedHealth, Worker, reuseport_socket
@@ -38,13 +39,16 @@ class GatewayServer(Protocol):
     async def serve(self) -> None: ...
 
 
-def make_gateway_server(settings: Settings, *, handle_signals: bool = False) -> GatewayServer:
-    """The configured gateway: one uvicorn server here, or ``gateway.workers`` processes."""
+def make_gateway_server(settings: Settings, *, members: MembersFolder | None = None,
+                        handle_signals: bool = False) -> GatewayServer:
+    """The configured gateway: one uvicorn server here, or ``gateway.workers`` processes.
+    ``members``: the engines `pdserve up` launched, which `pdserve scale` resizes."""
     spec = settings.gateway
     if spec.workers > 1:
         load_access_keys(spec)  # raises ConfigError here, before any worker starts, on bad access keys
-        return GatewayWorkers(settings, handle_signals=handle_signals)
-    return make_server(build_app(settings), host=spec.host, port=spec.port, handle_signals=handle_signals)
+        return GatewayWorkers(settings, members=members, handle_signals=handle_signals)
+    return make_server(build_app(settings, members=members), host=spec.host, port=spec.port,
+                       handle_signals=handle_signals)
 
 
 class TransportOffering(HttpToolsProtocol):
@@ -87,8 +91,9 @@ class GatewayWorkers:
     SIGTERM) and raises EngineStartFailed when a worker exits on its own; it stops them all.
     """
 
-    def __init__(self, settings: Settings, *, handle_signals: bool = False) -> None:
-        self._settings, self._handle_signals = settings, handle_signals
+    def __init__(self, settings: Settings, *, members: MembersFolder | None = None,
+                 handle_signals: bool = False) -> None:
+        self._settings, self._members, self._handle_signals = settings, members, handle_signals
         self.started = False
         self.should_exit = False
 
@@ -98,7 +103,8 @@ class GatewayWorkers:
         health = SharedHealth(self._settings)
         context = multiprocessing.get_context("spawn")
         processes = [context.Process(target=_worker_main, name=f"pdserve-gateway-{index}", daemon=True,
-                                     args=(self._settings, Worker(index, spec.workers, run_dir, health), os.getpid()))
+                                     args=(self._settings, Worker(index, spec.workers, run_dir, health), os.getpid(),
+                                           self._members))
                      for index in range(spec.workers)]
         if self._handle_signals:
             loop = asyncio.get_running_loop()
@@ -133,17 +139,17 @@ def _stop(processes: Sequence[multiprocessing.process.BaseProcess]) -> None:
             process.join()
 
 
-def _worker_main(settings: Settings, worker: Worker, parent_pid: int) -> None:
+def _worker_main(settings: Settings, worker: Worker, parent_pid: int, members: MembersFolder | None) -> None:
     """One worker process: the gateway app under uvicorn on a SO_REUSEPORT socket."""
     with logging_off_the_loop(logging.INFO, log_format=settings.launch.log_format), \
             asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(_serve_worker(settings, worker, parent_pid))
+        runner.run(_serve_worker(settings, worker, parent_pid, members))
 
 
-async def _serve_worker(settings: Settings, worker: Worker, parent_pid: int) -> None:
+async def _serve_worker(settings: Settings, worker: Worker, parent_pid: int, members: MembersFolder | None) -> None:
     spec = settings.gateway
     sock = reuseport_socket(spec.host, spec.port)
-    server = make_server(build_app(settings, worker=worker), host=spec.host, port=spec.port)
+    server = make_server(build_app(settings, worker=worker, members=members), host=spec.host, port=spec.port)
     # The parent decides when to stop (SIGTERM); a terminal's Ctrl-C reaches it, not us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     def stop() -> None:

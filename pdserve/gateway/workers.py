@@ -38,12 +38,13 @@ _GATHER_TIMEOUT_S = 2.0
 
 
 class SharedHealth:
-    """Per configured engine (prefill urls, then decode urls): one byte, 1 = healthy, and its last
-    load reading (routing/load.py) as doubles, which routing in every worker weighs."""
+    """Per engine the deployment may have (prefill urls, then decode urls, up to
+    ``launch.max_engines_per_pool`` launched per pool, for `pdserve scale`): one byte, 1 = healthy, and
+    its last load reading (routing/load.py) as doubles, which routing in every worker weighs."""
 
     def __init__(self, settings: Settings) -> None:
         self._keys = [(role, url.rstrip("/")) for role in (Role.PREFILL, Role.DECODE)
-                      for url in settings.endpoint_urls(role)]
+                      for url in settings.endpoint_urls(role, scalable=True)]
         context = multiprocessing.get_context("spawn")
         self._flags: SynchronizedArray[int] = context.Array("b", [1] * len(self._keys))
         self._loads: SynchronizedArray[float] = context.Array(

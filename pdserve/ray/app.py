@@ -12,13 +12,12 @@ from ray import serve
 from ray.serve import Application
 
 from pdserve.config import PoolSpec, Settings, parse_settings
-from pdserve.ray.engine_replica import EngineReplica
+from pdserve.deploy.serve import pool_size_options
+from pdserve.ray.engine_replica import EngineReplica, stop_budget_s
 from pdserve.ray.gateway_replica import GatewayReplica
 from pdserve.ray.names import GATEWAY_DEPLOYMENT
 from pdserve.role import Role
 
-# Serve may stop a replica this long after asking; the engine itself gets 20 s of it.
-ENGINE_SHUTDOWN_S = 30.0
 HEALTH_CHECK_MARGIN_S = 5.0
 # Serve's own default. Three checks in a row past it replace the replica, and a busy node can hold
 # up the replica actor itself; whether the engine answers is judged by ray.engine_unresponsive_s.
@@ -41,18 +40,18 @@ def app(args: dict[str, Any]) -> Application:
 
 
 def engine_options(settings: Settings, role: Role) -> dict[str, Any]:
-    """Serve deployment options for one pool: its replica count, and per replica the CPUs, GPUs
-    (one per tensor-parallel rank) and custom resources its engine needs."""
+    """Serve deployment options for one pool: its replica count or autoscaling, and per replica the
+    CPUs, GPUs (one per tensor-parallel rank) and custom resources its engine needs."""
     pool = settings.pool(role)
     options: dict[str, Any] = {
         "name": role.value,
-        "num_replicas": pool.engines,  # `render serve` sets it in the config's deployments instead
+        **pool_size_options(settings, role),  # `render serve` sets them in the config's deployments instead
         "ray_actor_options": replica_resources(pool),
         "health_check_period_s": settings.ray.health_check_period_s,
         # The replica's check waits up to the probe's own timeout; Serve must not cut it short.
         "health_check_timeout_s": max(settings.gateway.health_timeout_s + HEALTH_CHECK_MARGIN_S,
                                       SERVE_HEALTH_CHECK_TIMEOUT_S),
-        "graceful_shutdown_timeout_s": ENGINE_SHUTDOWN_S,
+        "graceful_shutdown_timeout_s": stop_budget_s(drain_timeout_s=settings.ray.drain_timeout_s),
         "max_ongoing_requests": 1,  # Serve only calls the replica for health; tokens go over HTTP
     }
     if pool.device == "cuda" and pool.tensor_parallel_size > 1:

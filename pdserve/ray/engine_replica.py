@@ -5,7 +5,10 @@ gateway, so a replica Serve replaces or adds is used within seconds.
 
 Replacing an engine costs a full start (a minute on CPU, minutes on a GPU), so a running engine
 that misses probes is given ``ray.engine_unresponsive_s`` before Serve is told: a busy CPU engine
-can stall for seconds while a neighbour compiles. One that has exited fails at once."""
+can stall for seconds while a neighbour compiles. One that has exited fails at once.
+
+The replica also reports its engine's load for Serve's autoscaling policy (autoscaling.py), and
+when Serve stops it (scale-down included) it lets the engine finish what it holds first."""
 
 from __future__ import annotations
 
@@ -26,17 +29,26 @@ from ray.serve.exceptions import RayServeException
 
 from pdserve.config import EngineSpec, Settings, parse_settings
 from pdserve.engines.command import build_engine_command, split_cpus
+from pdserve.engines.drain import read_load, wait_until_idle
 from pdserve.engines.kv_link import probe_host_link
 from pdserve.engines.kv_path import KvPathLog
 from pdserve.engines.launcher import EngineProcess, bring_up
 from pdserve.errors import EngineStartFailed
 from pdserve.ray.names import GATEWAY_DEPLOYMENT
+from pdserve.ray.pool_size import report_stats
 from pdserve.role import Role
 from pdserve.routing.health import probe
 from pdserve.up import resolve_layout, resolve_model
 
 log = logging.getLogger(__name__)
 ANNOUNCE_TIMEOUT_S = 5.0
+ENGINE_STOP_S = 20.0  # from SIGTERM to SIGKILL
+STOP_MARGIN_S = 5.0
+
+
+def stop_budget_s(*, drain_timeout_s: float) -> float:
+    """How long Serve must give a stopping replica: leave the gateway, drain, stop the engine."""
+    return ANNOUNCE_TIMEOUT_S + drain_timeout_s + ENGINE_STOP_S + STOP_MARGIN_S
 
 
 class EngineReplica:
@@ -62,6 +74,7 @@ class EngineReplica:
         self._kv_path_log = KvPathLog(log_path)  # the engine may run on another node than `pdserve verify`
         self._session = aiohttp.ClientSession()
         self._health_timeout_s = settings.gateway.health_timeout_s
+        self._drain_timeout_s = settings.ray.drain_timeout_s
         self._unanswered = Unanswered(grace_s=settings.ray.engine_unresponsive_s)
         self._announcing: asyncio.Task[None] | None = None
         self._gateway = serve.get_deployment_handle(GATEWAY_DEPLOYMENT, app_name=context.app_name)
@@ -85,6 +98,8 @@ class EngineReplica:
         problem = await probe(self._session, self._spec.base_url, timeout_s=self._health_timeout_s)
         verdict = self._unanswered.verdict(problem, now_s=time.monotonic())
         if verdict is not None:
+            # Serve replaces this replica; an engine that stopped answering has nothing left to drain.
+            await self._engine.stop(grace_s=ENGINE_STOP_S)
             raise EngineStartFailed(f"{self._spec.name} at {self._spec.base_url} is unhealthy: {verdict}")
         if problem is not None:
             log.warning("%s at %s missed a health probe (%s); still running", self._spec.name, self._spec.base_url,
@@ -95,6 +110,11 @@ class EngineReplica:
     def engine_url(self) -> str:
         return self._spec.base_url
 
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve calls this (only with autoscaling on) for the pool's policy: the engine's load now.
+        A failed read raises; Serve logs it and skips the point."""
+        return report_stats(await read_load(self._session, self._spec.base_url, timeout_s=self._health_timeout_s))
+
     async def _announce(self) -> None:
         """Tell the gateway this engine serves; never fails the health check over it."""
         try:
@@ -104,16 +124,30 @@ class EngineReplica:
             log.warning("could not register %s with the gateway yet: %r", self._spec.base_url, exc)
 
     async def __del__(self) -> None:
+        """Serve stops this replica (scale-down, replacement, teardown) within stop_budget_s."""
+        await self._unregister()
+        await self._drain()
         await self._stop()
 
-    async def _stop(self) -> None:
-        """Unregister first, so no new request is sent to an engine that is going away."""
+    async def _unregister(self) -> None:
+        """First, so that no new request is sent to an engine that is going away."""
         if self._announcing is not None:
             self._announcing.cancel()
         with contextlib.suppress(TimeoutError, RayError, RayServeException):
             await asyncio.wait_for(self._gateway.unregister.remote(self._role.value, self._spec.base_url),
                                    timeout=ANNOUNCE_TIMEOUT_S)
-        await self._engine.stop()
+
+    async def _drain(self) -> None:
+        """Let the engine finish its streams, and a prefill engine its handoffs, before it stops."""
+        is_drained = await wait_until_idle(self._session, self._spec.base_url, timeout_s=self._drain_timeout_s,
+                                           is_running=lambda: self._engine.is_running,
+                                           read_timeout_s=self._health_timeout_s)
+        if not is_drained:
+            log.warning("%s still busy after ray.drain_timeout_s (%.0f s); stopping it anyway",
+                        self._spec.name, self._drain_timeout_s)
+
+    async def _stop(self) -> None:
+        await self._engine.stop(grace_s=ENGINE_STOP_S)
         await self._session.close()
 
 

@@ -38,6 +38,12 @@ class EngineLoad:
         """Cached share of the prompt tokens it has seen since it started; None before any."""
         return self.prefix_hit_tokens / self.prefix_queried_tokens if self.prefix_queried_tokens > 0 else None
 
+    @property
+    def is_idle(self) -> bool:
+        """No request in its scheduler and no KV block in use; a prefill engine keeps a finished
+        prompt's blocks until the decode engine has pulled them."""
+        return self.running == 0 and self.waiting == 0 and self.kv_usage == 0
+
     def age_s(self, now_s: float) -> float:
         """Seconds since the read (inf when never read)."""
         return now_s - self.read_s

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from pdserve.engines.kv_path import KvPath, KvPathLog
+from pdserve.engines.members import MembersFolder
 from pdserve.role import Role
 from pdserve.routing.pool import Pool
 
@@ -46,11 +47,41 @@ class FixedEndpoints:
         for role, urls in self._urls.items():
             pool.set_urls(role, urls)
         while self._kv_logs:
-            for role in Role:
-                for endpoint in pool.all(role):
-                    if reader := self._kv_logs.get(endpoint.url):
-                        endpoint.kv_path = reader.read()
+            read_kv_paths(pool, self._kv_logs)
             await asyncio.sleep(KV_PATH_READ_INTERVAL_S)
+
+
+class LaunchedEngines:
+    """Engines `pdserve up` launched and may scale (engines/members.py), plus any external urls:
+    an engine joins the pool once it serves and leaves it as it starts to drain."""
+
+    def __init__(self, folder: MembersFolder, *, external: Mapping[Role, Sequence[str]],
+                 look_interval_s: float = 0.25) -> None:
+        self._folder, self._external, self._look_interval_s = folder, external, look_interval_s
+
+    async def follow(self, pool: Pool) -> None:
+        stamp, kv_logs, kv_read_s = 0.0, dict[str, KvPathLog](), 0.0
+        while True:
+            if (changed := self._folder.changed_since(stamp)) is not None and (members := self._folder.read()):
+                stamp = changed
+                for role in Role:
+                    urls = [member.url for member in members.serving(role)] + list(self._external.get(role, ()))
+                    if pool.set_urls(role, urls):
+                        log.info("%s engines now: %s", role.value, ", ".join(urls) or "none")
+                kv_logs = {member.url: kv_logs.get(member.url) or KvPathLog(Path(member.log_path))
+                           for member in members.engines}
+            if time.monotonic() - kv_read_s >= KV_PATH_READ_INTERVAL_S:
+                kv_read_s = time.monotonic()
+                read_kv_paths(pool, kv_logs)
+            await asyncio.sleep(self._look_interval_s)
+
+
+def read_kv_paths(pool: Pool, kv_logs: Mapping[str, KvPathLog]) -> None:
+    """What each engine in ``pool`` with a log in ``kv_logs`` has logged of its KV path so far."""
+    for role in Role:
+        for endpoint in pool.all(role):
+            if reader := kv_logs.get(endpoint.url):
+                endpoint.kv_path = reader.read()
 
 
 class RegisteredEndpoints:

@@ -6,44 +6,56 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from pdserve.config import parse_settings
+from pdserve.config import EngineSpec, parse_settings
 from pdserve.engines.command import EngineCommand
 from pdserve.engines.launcher import EngineProcess
 from pdserve.engines.model_layout import Layout, ModelLayout
 from pdserve.engines.supervisor import Supervisor
 from pdserve.errors import EngineStartFailed
+from pdserve.role import Role
 from tests.conftest import free_port_block
 
+# /metrics says as many running requests as the file named by its second argument holds (0 if none).
 FAKE_ENGINE = """
-import http.server, sys
-class Health(http.server.BaseHTTPRequestHandler):
+import http.server, pathlib, sys
+busy = pathlib.Path(sys.argv[2])
+class Engine(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        self.send_response(200 if self.path == "/health" else 404); self.end_headers()
+        running = busy.read_text() if busy.exists() else "0"
+        body = f'vllm:num_requests_running{{engine="0"}} {running}\\n'.encode() if self.path == "/metrics" else b""
+        self.send_response(200 if self.path in ("/health", "/metrics") else 404); self.end_headers()
+        self.wfile.write(body)
     def log_message(self, *args): pass
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Engine).serve_forever()
 """
 
 
-def supervisor_with_fake_engines(tmp_path: Path, *, argv_tail: list[str] | None = None) -> Supervisor:
-    base = free_port_block(5)
+class FakeEngines(Supervisor):
+    """Plans a 10-line HTTP server for every engine, those a scale adds included; engine NAME is
+    busy while ``<log_dir>/NAME.busy`` holds a count above 0."""
+
+    def _plan(self, spec: EngineSpec, *, cpu_bind: str) -> EngineProcess:
+        log_dir = self._settings.engine_log_dir
+        command = EngineCommand([sys.executable, "-c", FAKE_ENGINE, str(spec.port), str(log_dir / f"{spec.name}.busy")], {})
+        return EngineProcess(spec, command, log_path=log_dir / f"{spec.name}.log")
+
+
+def supervisor_with_fake_engines(tmp_path: Path) -> Supervisor:
+    base = free_port_block(8)
     settings = parse_settings({
         "prefill": {"base_port": base}, "decode": {"base_port": base + 1},
-        "kv": {"side_channel_base_port": base + 2}, "gateway": {"port": base + 4},
-        "launch": {"log_dir": str(tmp_path), "ready_timeout_s": 20, "restart_backoff_s": 0.1, "max_restarts": 1},
+        "kv": {"side_channel_base_port": base + 4}, "gateway": {"port": base + 7},
+        "launch": {"log_dir": str(tmp_path), "ready_timeout_s": 20, "restart_backoff_s": 0.1, "max_restarts": 1,
+                   "drain_timeout_s": 30},
     }, source="test")
     layout = ModelLayout("unused", Layout.ATTENTION, "test")
-    supervisor = Supervisor(settings, model_path="unused", layout=layout, progress=lambda _line: None)
-    supervisor.engines = [
-        EngineProcess(engine.spec, EngineCommand([sys.executable, "-c", FAKE_ENGINE, str(engine.spec.port), *(argv_tail or [])], {}),
-                      log_path=engine.log_path)
-        for engine in supervisor.engines
-    ]
-    return supervisor
+    return FakeEngines(settings, model_path="unused", layout=layout, progress=lambda _line: None)
 
 
 async def test_dead_engine_is_restarted_and_everything_stops(tmp_path: Path) -> None:
@@ -89,3 +101,46 @@ async def test_engine_that_cannot_start_fails_loudly_with_its_log(tmp_path: Path
         with pytest.raises(EngineStartFailed, match="no GPU found"):
             await supervisor.start_all(session)
     assert not any(engine.is_running for engine in supervisor.engines)
+
+
+async def until(check: Callable[[], bool], *, within_s: float) -> bool:
+    for _ in range(int(within_s / 0.1)):
+        if check():
+            return True
+        await asyncio.sleep(0.1)
+    return check()
+
+
+def states(supervisor: Supervisor) -> dict[str, str]:
+    members = supervisor.members.read()
+    assert members is not None
+    return {member.name: member.state.value for member in members.engines}
+
+
+async def test_scale_up_joins_once_ready_and_scale_down_drains_the_newest_until_it_is_idle(tmp_path: Path) -> None:
+    supervisor = supervisor_with_fake_engines(tmp_path)
+    async with aiohttp.ClientSession() as session:
+        await supervisor.start_all(session)
+        keeper = asyncio.create_task(supervisor.keep_alive(session))
+        assert states(supervisor) == {"prefill-0": "serving", "decode-0": "serving"}
+
+        supervisor.members.request_scale({Role.PREFILL: 1, Role.DECODE: 2})  # as the gateway's /admin/scale does
+        assert await until(lambda: states(supervisor).get("decode-1") == "starting", within_s=5)
+        assert await until(lambda: states(supervisor).get("decode-1") == "serving", within_s=20)
+        added = next(engine for engine in supervisor.engines if engine.spec.name == "decode-1")
+        assert added.spec.port == supervisor.engines[1].spec.port + 1
+        assert await answers_health(session, added.spec.base_url, within_s=5)
+
+        (tmp_path / "decode-1.busy").write_text("1")  # one request still running there
+        supervisor.members.request_scale({Role.PREFILL: 1, Role.DECODE: 1})
+        assert await until(lambda: states(supervisor).get("decode-1") == "draining", within_s=5)
+        await asyncio.sleep(2)
+        assert states(supervisor).get("decode-1") == "draining" and added.is_running  # waits for its request
+        (tmp_path / "decode-1.busy").write_text("0")
+        assert await until(lambda: "decode-1" not in states(supervisor), within_s=10)
+        assert not added.is_running and states(supervisor) == {"prefill-0": "serving", "decode-0": "serving"}
+        assert not keeper.done()  # an engine stopped on purpose is not restarted, nor an error
+        await supervisor.stop_all()
+        keeper.cancel()
+        await asyncio.gather(keeper, return_exceptions=True)
+    assert supervisor.members.read() is None

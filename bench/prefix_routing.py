@@ -1,0 +1,88 @@
+"""Routing by prefix and load against round-robin, on the CPU demo with 1 prefill and 2 decode engines
+and a multi-turn chat workload whose conversations share a system prompt (issue "Many engines").
+
+    .venv/bin/python bench/prefix_routing.py [--rounds 2] [--rate 2] [--duration 40] [--out DIR]
+
+Two arms, each on `pdserve up` started afresh with ``routing.disaggregation: auto``: "prefix" is the
+gateway's routing as configured by default; "round-robin" weighs no cached prefix
+(``routing.cached_tokens_per_request`` 1e12), so engines of equal load take turns. Per run: `pdserve
+bench run --workload chat` through the gateway, and the decode engines' own prefix-cache counters
+before and after it. Prints per run TTFT p50/p90, the decode engines' prefix hit rate over the run
+and the gateway's decisions; the last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.config_ab import add_run_options, machine_line
+from bench.soak import Deployment, start
+from pdserve.routing.load import parse_engine_load
+
+ARMS: dict[str, dict[str, object]] = {"prefix": {}, "round-robin": {"cached_tokens_per_request": 1e12}}  # routing
+
+
+def prefix_tokens(urls: list[str]) -> tuple[float, float]:
+    """(queried, hit) prompt tokens the engines at ``urls`` have looked up in their prefix caches."""
+    loads = [parse_engine_load(httpx.get(url + "/metrics", timeout=10).text, read_s=0.0) for url in urls]
+    return sum(load.prefix_queried_tokens for load in loads), sum(load.prefix_hit_tokens for load in loads)
+
+
+def decisions(base_url: str) -> dict[str, float]:
+    lines = httpx.get(base_url + "/metrics", timeout=10).text.splitlines()
+    return {line.split("{", 1)[1].split("}")[0]: float(line.rsplit(" ", 1)[1])
+            for line in lines if line.startswith("pdserve_disaggregation_decisions_total{")}
+
+
+def run_once(name: str, workdir: Path, *, rate: str, duration: float, out: Path) -> dict[str, Any]:
+    deployment: Deployment = start(workdir, sections={"routing": {"disaggregation": "auto", **ARMS[name]}})
+    decode_urls = deployment.engine_urls[1:]
+    try:
+        queried_before, hit_before = prefix_tokens(decode_urls)
+        subprocess.run([sys.executable, "-m", "pdserve", "bench", "run", "-t", f"{name}={deployment.base_url}",
+                        "--workload", "chat", "--turns", "4", "--prefix-tokens", "512", "--input-tokens", "64",
+                        "--output-tokens", "32", "--rate", rate, "--duration", str(duration), "--out", str(out)],
+                       check=True, capture_output=True, text=True)
+        queried, hit = prefix_tokens(decode_urls)
+        chosen = decisions(deployment.base_url)
+    finally:
+        deployment.stop()
+    point = json.loads((out / "results.json").read_text())["results"][0]
+    return {"ttft_ms": point["ttft_ms"], "itl_ms": point["itl_ms"], "requests": point["requests"],
+            "errors": point["errors"], "decode_prefix_hit_rate": round((hit - hit_before) / (queried - queried_before), 3),
+            "decisions": chosen, "load_average": round(os.getloadavg()[0], 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_run_options(parser, rate="2", duration=40.0, out="runs/prefix-routing")
+    args = parser.parse_args()
+    print(machine_line(), flush=True)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in ARMS}
+    for round_number in range(1, args.rounds + 1):
+        for name in ARMS:
+            with tempfile.TemporaryDirectory(prefix="pdserve-prefix-routing-") as workdir:
+                run = run_once(name, Path(workdir), rate=args.rate, duration=args.duration,
+                               out=args.out / f"round{round_number}-{name}")
+            runs[name].append(run)
+            ttft = run["ttft_ms"]
+            print(f"round {round_number} {name}: TTFT p50 {ttft['p50']:.1f} p90 {ttft['p90']:.1f} ms, decode prefix "
+                  f"hit rate {run['decode_prefix_hit_rate']:.1%}, {run['requests']} requests {run['errors']} errors, "
+                  f"decisions {run['decisions']}, load average {run['load_average']}", flush=True)
+    print(json.dumps(runs))
+
+
+if __name__ == "__main__":
+    main()
