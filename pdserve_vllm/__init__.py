@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # vLLM's OpenAI server, run as a module
+
 # The pause of an engine's NIXL progress thread between rounds, in microseconds (nixl_progress.py).
 PROGRESS_DELAY_ENV = "PDSERVE_NIXL_PROGRESS_DELAY_US"
 

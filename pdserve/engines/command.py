@@ -13,9 +13,10 @@ from pdserve.engines.kv_link import BufferChoice, HostLink, choose_buffer_device
 from pdserve.engines.kv_path import BUFFER_NOTE, PROVIDER_NOTE
 from pdserve.engines.model_layout import ModelLayout, engine_needs
 from pdserve.role import Role
-from pdserve_vllm import PROGRESS_DELAY_ENV
+from pdserve_vllm import PROGRESS_DELAY_ENV, VLLM_SERVER_MODULE
 
-VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# vLLM's server, whose engine core a CPU engine may fork instead of spawning (pdserve_vllm/engine_server.py).
+CPU_SERVER_MODULE = "pdserve_vllm.engine_server"
 CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # a CPU engine's cores
 OTLP_PROTOCOL_ENV = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 # vLLM's NixlConnector, loaded from pdserve's module that makes its NIXL progress thread pause.
@@ -47,7 +48,7 @@ def build_engine_command(
     needs = engine_needs(layout, spec, dtype=model.dtype)
     buffer = choose_buffer_device(kv, pool, link)
     argv = [
-        python, "-m", VLLM_SERVER_MODULE,
+        python, "-m", CPU_SERVER_MODULE if pool.device == "cpu" else VLLM_SERVER_MODULE,
         "--model", model_path,
         "--served-model-name", model.served_name,
         "--host", host,
@@ -118,7 +119,11 @@ GPU_BLOCK_SIZE = 128
 # unless VLLM_ENABLE_V1_MULTIPROCESSING is 0; the API server still runs the engine core apart.
 # vLLM-CPU 0.32 saves an AOT-compiled model at each start and fails to load it at the next
 # ("'function' object has no attribute 'finalize_loading'"): compiling without AOT takes less.
-CPU_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_AOT_COMPILE": "0"}
+# The engine core is spawned, as vLLM-CPU does: forked (a pool env of VLLM_WORKER_MULTIPROC_METHOD=fork,
+# pdserve_vllm/engine_server.py) the engines were ready 2-10 s sooner, but inter-token p50 at 1 req/s
+# was 0.5-1.7 ms higher in 3 rounds of 3 (docs/benchmarks.md, section 9).
+CPU_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_AOT_COMPILE": "0",
+                  "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
 
 
 def _cpu_executor_args(pool: PoolSpec) -> list[str]:

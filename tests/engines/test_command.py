@@ -38,7 +38,7 @@ def test_cpu_engines_get_nixl_roles_ids_side_channels_and_cpu_buffer() -> None:
     assert prefill_kv["kv_buffer_device"] == decode_kv["kv_buffer_device"] == "cpu"
     assert prefill_env["VLLM_NIXL_SIDE_CHANNEL_PORT"] != decode_env["VLLM_NIXL_SIDE_CHANNEL_PORT"]
     assert prefill_env["VLLM_CPU_KVCACHE_SPACE"] == "1" and "CUDA_VISIBLE_DEVICES" not in prefill_env
-    assert prefill_argv[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
+    assert prefill_argv[:3] == ["py", "-m", "pdserve_vllm.engine_server"]  # vLLM's server, its engine core forked
 
 
 def test_gpu_engines_are_pinned_and_read_over_cuda_ipc() -> None:
@@ -48,6 +48,7 @@ def test_gpu_engines_are_pinned_and_read_over_cuda_ipc() -> None:
     assert prefill_env["CUDA_VISIBLE_DEVICES"] == "0,1" and decode_env["CUDA_VISIBLE_DEVICES"] == "2"
     assert prefill_argv[prefill_argv.index("--tensor-parallel-size") + 1] == "2"
     assert decode_env["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"] == "y"
+    assert prefill_argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]  # vLLM's own start on GPUs
     assert json.loads(decode_argv[decode_argv.index("--kv-transfer-config") + 1])["kv_buffer_device"] == "cuda"
     assert decode_argv[-1] == "--enforce-eager"
 
