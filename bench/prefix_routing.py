@@ -1,5 +1,7 @@
 """Routing by prefix and load against round-robin, on the CPU demo with 1 prefill and 2 decode engines
-and a multi-turn chat workload whose conversations share a system prompt (issue "Many engines").
+and a multi-turn chat workload (issue "Many engines"): conversations of 4 turns, a 256-token system
+prompt all share, 320 new prompt tokens and 32 output tokens a turn, so a conversation's own history
+is most of each later turn's prompt.
 
     .venv/bin/python bench/prefix_routing.py [--rounds 2] [--rate 2] [--duration 40] [--out DIR]
 
@@ -47,12 +49,14 @@ def decisions(base_url: str) -> dict[str, float]:
 
 
 def run_once(name: str, workdir: Path, *, rate: str, duration: float, out: Path) -> dict[str, Any]:
-    deployment: Deployment = start(workdir, sections={"routing": {"disaggregation": "auto", **ARMS[name]}})
+    # One gateway process: each keeps its own prefix index, and a client's turns may reach different ones.
+    deployment: Deployment = start(workdir, sections={"routing": {"disaggregation": "auto", **ARMS[name]},
+                                                      "gateway": {"workers": 1}})
     decode_urls = deployment.engine_urls[1:]
     try:
         queried_before, hit_before = prefix_tokens(decode_urls)
         subprocess.run([sys.executable, "-m", "pdserve", "bench", "run", "-t", f"{name}={deployment.base_url}",
-                        "--workload", "chat", "--turns", "4", "--prefix-tokens", "512", "--input-tokens", "64",
+                        "--workload", "chat", "--turns", "4", "--prefix-tokens", "256", "--input-tokens", "320",
                         "--output-tokens", "32", "--rate", rate, "--duration", str(duration), "--out", str(out)],
                        check=True, capture_output=True, text=True)
         queried, hit = prefix_tokens(decode_urls)

@@ -74,11 +74,11 @@ class Deployment:
 
 
 def start(workdir: Path, *, sections: dict[str, dict[str, object]] | None = None) -> Deployment:
-    """`pdserve up` with 1 prefill and 2 decode engines on free ports, ``sections`` laid over the soak's config."""
+    """`pdserve up` with 1 prefill and 2 decode engines on free ports, ``sections`` laid over that."""
     base = free_port_block(7)
     config: dict[str, dict[str, object]] = {
         "prefill": {"base_port": base + 1}, "decode": {"engines": 2, "base_port": base + 2},
-        "kv": {"side_channel_base_port": base + 4}, "gateway": {"port": base, **GATEWAY},
+        "kv": {"side_channel_base_port": base + 4}, "gateway": {"port": base},
         "launch": {"log_dir": str(workdir / "logs"), "restart_backoff_s": 0.5}}
     for name, section in (sections or {}).items():
         config[name] = {**config.get(name, {}), **section}
@@ -281,7 +281,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="pdserve-soak-") as workdir:
-        deployment = start(Path(workdir))
+        deployment = start(Path(workdir), sections={"gateway": GATEWAY})
         try:
             result = asyncio.run(soak(deployment, requests=args.requests, concurrency=args.concurrency))
         finally:
