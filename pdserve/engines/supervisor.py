@@ -51,7 +51,7 @@ class Supervisor:
         self.members.clear()  # a previous run's request must not resize this one
         self._states = {engine.spec.name: EngineState.STARTING for engine in self.engines}
         self._wanted = {role: settings.pool(role).engines for role in Role}
-        self._retired: set[str] = set()  # engines stopped on purpose: not restarted
+        self._retired: set[EngineProcess] = set()  # stopped on purpose: not restarted (a later one may share its name)
         self._restarts: dict[str, int] = {}
         self._group: asyncio.TaskGroup | None = None
 
@@ -102,7 +102,7 @@ class Supervisor:
         launch, name = self._settings.launch, engine.spec.name
         while True:
             code = await engine.wait_exit()
-            if self._stopping or name in self._retired:
+            if self._stopping or engine in self._retired:
                 return
             restarts = self._restarts.get(name, 0)
             if restarts >= launch.max_restarts:
@@ -141,6 +141,7 @@ class Supervisor:
         reported and leaves the pool as it was: the deployment keeps serving."""
         name = engine.spec.name
         self.engines.append(engine)
+        self._restarts.pop(name, None)  # a new engine, whatever one of its name did before
         self._states[name] = EngineState.STARTING
         self._publish()
         try:
@@ -150,7 +151,7 @@ class Supervisor:
             self._progress(f"  {name:<10} started  pid {engine.pid}, log {engine.log_path}")
             await self._wait_ready(engine, session)
         except EngineStartFailed as exc:
-            if name not in self._retired:
+            if engine not in self._retired:
                 log.error("scaling up: %s did not start, so the %s pool stays smaller than asked: %s",
                           name, engine.spec.role.value, exc)
             await self._forget(engine)
@@ -178,7 +179,7 @@ class Supervisor:
 
     async def _forget(self, engine: EngineProcess) -> None:
         """Stop ``engine`` for good and drop it from what is published."""
-        self._retired.add(engine.spec.name)
+        self._retired.add(engine)
         await engine.stop()
         self.engines.remove(engine)
         self._states.pop(engine.spec.name, None)

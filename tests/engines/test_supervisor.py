@@ -140,6 +140,15 @@ async def test_scale_up_joins_once_ready_and_scale_down_drains_the_newest_until_
         assert await until(lambda: "decode-1" not in states(supervisor), within_s=10)
         assert not added.is_running and states(supervisor) == {"prefill-0": "serving", "decode-0": "serving"}
         assert not keeper.done()  # an engine stopped on purpose is not restarted, nor an error
+
+        supervisor.members.request_scale({Role.PREFILL: 1, Role.DECODE: 2})  # back, under the same name
+        assert await until(lambda: states(supervisor).get("decode-1") == "serving", within_s=20)
+        again = next(engine for engine in supervisor.engines if engine.spec.name == "decode-1")
+        first_pid = again.pid
+        assert first_pid is not None and again is not added
+        os.kill(first_pid, signal.SIGKILL)  # the new one is kept alive like any other
+        assert await until(lambda: again.pid != first_pid and again.is_running, within_s=10)
+        assert await answers_health(session, again.spec.base_url, within_s=10)
         await supervisor.stop_all()
         keeper.cancel()
         await asyncio.gather(keeper, return_exceptions=True)
