@@ -3,11 +3,12 @@ and a multi-turn chat workload (issue "Many engines"): conversations of 4 turns,
 prompt all share, 320 new prompt tokens and 32 output tokens a turn, so a conversation's own history
 is most of each later turn's prompt.
 
-    .venv/bin/python bench/prefix_routing.py [--rounds 2] [--rate 2] [--duration 40] [--out DIR]
+    .venv/bin/python bench/prefix_routing.py [--arm NAME=JSON ...] [--rounds 2] [--rate 2] [--duration 40] [--out DIR]
 
-Two arms, each on `pdserve up` started afresh with ``routing.disaggregation: auto``: "prefix" is the
-gateway's routing as configured by default; "round-robin" weighs no cached prefix
-(``routing.cached_tokens_per_request`` 1e12), so engines of equal load take turns. Per run: `pdserve
+Each arm runs on `pdserve up` started afresh with ``routing.disaggregation: auto`` and the arm's JSON
+as more of its routing section. By default two arms: "prefix", the gateway's routing as configured
+by default; "round-robin", which weighs no cached prefix (``routing.cached_tokens_per_request``
+1e12), so engines of equal load take turns. Per run: `pdserve
 bench run --workload chat` through the gateway, and the decode engines' own prefix-cache counters
 before and after it. Prints per run TTFT p50/p90, the decode engines' prefix hit rate over the run
 and the gateway's decisions; the last line is JSON.
@@ -29,11 +30,12 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.config_ab import add_run_options, machine_line
+from bench.config_ab import add_run_options, machine_line, parse_arm
 from bench.soak import Deployment, start
 from pdserve.routing.load import parse_engine_load
 
-ARMS: dict[str, dict[str, object]] = {"prefix": {}, "round-robin": {"cached_tokens_per_request": 1e12}}  # routing
+# The routing section of each arm; --arm NAME=JSON replaces these.
+ARMS: dict[str, dict[str, Any]] = {"prefix": {}, "round-robin": {"cached_tokens_per_request": 1e12}}
 
 
 def prefix_tokens(urls: list[str]) -> tuple[float, float]:
@@ -48,9 +50,10 @@ def decisions(base_url: str) -> dict[str, float]:
             for line in lines if line.startswith("pdserve_disaggregation_decisions_total{")}
 
 
-def run_once(name: str, workdir: Path, *, rate: str, duration: float, out: Path) -> dict[str, Any]:
+def run_once(name: str, routing: dict[str, Any], workdir: Path, *, rate: str, duration: float,
+             out: Path) -> dict[str, Any]:
     # One gateway process: each keeps its own prefix index, and a client's turns may reach different ones.
-    deployment: Deployment = start(workdir, sections={"routing": {"disaggregation": "auto", **ARMS[name]},
+    deployment: Deployment = start(workdir, sections={"routing": {"disaggregation": "auto", **routing},
                                                       "gateway": {"workers": 1}})
     decode_urls = deployment.engine_urls[1:]
     try:
@@ -71,14 +74,17 @@ def run_once(name: str, workdir: Path, *, rate: str, duration: float, out: Path)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arm", type=parse_arm, action="append", help="NAME=JSON routing section (default: "
+                        "prefix={} and round-robin={\"cached_tokens_per_request\": 1e12})")
     add_run_options(parser, rate="2", duration=40.0, out="runs/prefix-routing")
     args = parser.parse_args()
+    arms = dict(args.arm or ARMS.items())
     print(machine_line(), flush=True)
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in ARMS}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
     for round_number in range(1, args.rounds + 1):
-        for name in ARMS:
+        for name, routing in arms.items():
             with tempfile.TemporaryDirectory(prefix="pdserve-prefix-routing-") as workdir:
-                run = run_once(name, Path(workdir), rate=args.rate, duration=args.duration,
+                run = run_once(name, routing, Path(workdir), rate=args.rate, duration=args.duration,
                                out=args.out / f"round{round_number}-{name}")
             runs[name].append(run)
             ttft = run["ttft_ms"]
