@@ -133,17 +133,17 @@ class Supervisor:
             for engine in staying[count:]:
                 self._group.create_task(self._drain(engine, session))
             for _ in range(count - len(staying)):
-                self._group.create_task(self._add(self._plan_added(role), session))
+                engine = self._plan_added(role)
+                self.engines.append(engine)  # before the next is planned: each takes its own index and ports
+                self._restarts.pop(engine.spec.name, None)  # a new engine, whatever one of its name did before
+                self._states[engine.spec.name] = EngineState.STARTING
+                self._group.create_task(self._add(engine, session))
         self._publish()
 
     async def _add(self, engine: EngineProcess, session: aiohttp.ClientSession) -> None:
-        """Start one more engine; it joins the gateway's pool once it answers. A failed start is
-        reported and leaves the pool as it was: the deployment keeps serving."""
+        """Start one more engine (planned by ``scale``); it joins the gateway's pool once it answers.
+        A failed start is reported and leaves the pool as it was: the deployment keeps serving."""
         name = engine.spec.name
-        self.engines.append(engine)
-        self._restarts.pop(name, None)  # a new engine, whatever one of its name did before
-        self._states[name] = EngineState.STARTING
-        self._publish()
         try:
             if busy := busy_ports([engine.spec.port, engine.spec.side_channel_port]):
                 raise EngineStartFailed(f"ports already in use: {busy}")
@@ -151,9 +151,10 @@ class Supervisor:
             self._progress(f"  {name:<10} started  pid {engine.pid}, log {engine.log_path}")
             await self._wait_ready(engine, session)
         except EngineStartFailed as exc:
-            if engine not in self._retired:
-                log.error("scaling up: %s did not start, so the %s pool stays smaller than asked: %s",
-                          name, engine.spec.role.value, exc)
+            if engine in self._retired:  # scaled down while it started: _drain stopped and dropped it
+                return
+            log.error("scaling up: %s did not start, so the %s pool stays smaller than asked: %s",
+                      name, engine.spec.role.value, exc)
             await self._forget(engine)
             return
         self._states[name] = EngineState.SERVING

@@ -21,10 +21,13 @@ from pdserve.errors import EngineStartFailed
 from pdserve.role import Role
 from tests.conftest import free_port_block
 
-# /metrics says as many running requests as the file named by its second argument holds (0 if none).
+# /metrics says as many running requests as the file named by its second argument holds (0 if none);
+# it starts listening only after the seconds its ".slow" sibling holds, if there is one.
 FAKE_ENGINE = """
-import http.server, pathlib, sys
+import http.server, pathlib, sys, time
 busy = pathlib.Path(sys.argv[2])
+slow = busy.with_suffix(".slow")
+time.sleep(float(slow.read_text()) if slow.exists() else 0)
 class Engine(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         running = busy.read_text() if busy.exists() else "0"
@@ -38,7 +41,8 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Engine).serve_forever()
 
 class FakeEngines(Supervisor):
     """Plans a 10-line HTTP server for every engine, those a scale adds included; engine NAME is
-    busy while ``<log_dir>/NAME.busy`` holds a count above 0."""
+    busy while ``<log_dir>/NAME.busy`` holds a count above 0, and slow to start by the seconds
+    ``<log_dir>/NAME.slow`` holds."""
 
     def _plan(self, spec: EngineSpec, *, cpu_bind: str) -> EngineProcess:
         log_dir = self._settings.engine_log_dir
@@ -153,3 +157,26 @@ async def test_scale_up_joins_once_ready_and_scale_down_drains_the_newest_until_
         keeper.cancel()
         await asyncio.gather(keeper, return_exceptions=True)
     assert supervisor.members.read() is None
+
+
+async def test_engines_added_at_once_take_their_own_ports_and_one_drained_while_starting_just_goes(
+        tmp_path: Path) -> None:
+    supervisor = supervisor_with_fake_engines(tmp_path)
+    (tmp_path / "decode-2.slow").write_text("30")  # still starting when it is scaled away
+    async with aiohttp.ClientSession() as session:
+        await supervisor.start_all(session)
+        keeper = asyncio.create_task(supervisor.keep_alive(session))
+        supervisor.members.request_scale({Role.PREFILL: 1, Role.DECODE: 3})
+        assert await until(lambda: states(supervisor).get("decode-1") == "serving", within_s=20)
+        assert states(supervisor)["decode-2"] == "starting"
+        ports = [(engine.spec.port, engine.spec.side_channel_port) for engine in supervisor.engines]
+        assert len(set(ports)) == len(ports) == 4, ports
+
+        supervisor.members.request_scale({Role.PREFILL: 1, Role.DECODE: 2})  # the newest goes: still starting
+        assert await until(lambda: "decode-2" not in states(supervisor), within_s=10)
+        await asyncio.sleep(1)
+        assert not keeper.done(), keeper  # its start failing, as it was stopped, is no error
+        assert states(supervisor) == {"prefill-0": "serving", "decode-0": "serving", "decode-1": "serving"}
+        await supervisor.stop_all()
+        keeper.cancel()
+        await asyncio.gather(keeper, return_exceptions=True)
