@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 import httpx
@@ -217,13 +217,8 @@ def test_a_client_gone_while_queued_for_a_decode_slot_gives_its_handoff_back_at_
 def test_a_stalled_decode_engine_sigstop_its_streams_go_on_from_the_other(stack: Stack) -> None:
     urls = engine_urls(stack)
     resumed_before = gateway_metric(stack, "pdserve_decode_switches_total", kind="resumed")
-    stalled: list[psutil.Process] = []
-    try:
-        results, on_it = streams_through_a_fault(
-            stack, lambda url: stalled.append(engine_process(url)) or stalled[-1].send_signal(signal.SIGSTOP))
-    finally:
-        for process in stalled:
-            process.send_signal(signal.SIGCONT)
+    with ExitStack() as stalled:  # the stopped engine runs again once its streams went on elsewhere
+        results, on_it = streams_through_a_fault(stack, lambda url: stalled.enter_context(stopped(url)))
     assert all(result.is_complete for result in results), [r.events[-2:] for r in results]
     assert gateway_metric(stack, "pdserve_decode_switches_total", kind="resumed") >= resumed_before + on_it
     assert all(result.text.count(" ") > 10 for result in results)
