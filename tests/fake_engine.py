@@ -38,6 +38,7 @@ class FakeEngine:
     model_card: dict[str, Any] | None = field(default_factory=lambda: dict(MODEL_CARD))  # None: /v1/models is 404
     models_requests: int = 0
     served_model: str = "pdserve-demo"  # any other model gets vLLM's 404
+    words: list[str] = field(default_factory=lambda: list(WORDS))  # what it generates, one token each
 
     def app(self) -> Starlette:
         routes = [
@@ -73,13 +74,13 @@ class FakeEngine:
         if body.get("stream"):
             return StreamingResponse(self._sse(is_chat=request.url.path.endswith("/chat/completions")),
                                      media_type="text/event-stream")
-        return JSONResponse({"choices": [{"text": "".join(WORDS)}], "usage": {"completion_tokens": len(WORDS)}})
+        return JSONResponse({"choices": [{"text": "".join(self.words)}], "usage": {"completion_tokens": len(self.words)}})
 
     async def _sse(self, *, is_chat: bool):  # type: ignore[no-untyped-def]
         try:
             if is_chat:  # vLLM opens a chat stream with the role, as OpenAI does
                 yield f"data: {json.dumps({'choices': [{'delta': {'role': 'assistant', 'content': ''}}]})}\n\n".encode()
-            for index, word in enumerate(WORDS):
+            for index, word in enumerate(self.words):
                 if self.break_stream_after is not None and index == self.break_stream_after:
                     raise ConnectionResetError("fake engine died")
                 if self.error_event_after is not None and index == self.error_event_after:

@@ -29,7 +29,7 @@ from pdserve.engines.members import MembersFolder
 from pdserve.errors import BadRequest, NotReady, PdserveError
 from pdserve.gateway import dashboard, readiness, tracing
 from pdserve.gateway.admission import Admission
-from pdserve.gateway.call import Call, Reply
+from pdserve.gateway.call import Call, Reply, WriteNow
 from pdserve.gateway.client_errors import ClientError, client_error
 from pdserve.gateway.disconnect import ClientDisconnected, DisconnectGuard
 from pdserve.gateway.engine_rows import engine_rows, rows_json, with_leg_counts
@@ -365,10 +365,10 @@ def offered_transport(scope: Scope) -> asyncio.WriteTransport | None:
 async def _send_reply(send: Send, reply: Reply, *, request_id: str, transport: asyncio.WriteTransport | None) -> None:
     """The decode engine's reply to the client: SSE bytes relayed as they come, or one JSON body.
 
-    A chunk goes straight to ``transport`` (where offered) while nothing waits in its buffer:
-    the bytes uvicorn would write for it, with one call instead of an ASGI message (1-7% less of
-    the gateway's CPU per chunk: docs/benchmarks.md, section 1). With bytes queued (a slow client)
-    it goes through ``send``, which waits for the buffer to drain.
+    Where the server offers its ``transport``, a chunk is written to it at once while nothing waits
+    in its buffer: the bytes uvicorn would write for it, from the engine socket's read, with no ASGI
+    message and no task woken (docs/benchmarks.md, section 1). With bytes queued (a slow client) it
+    goes through ``send``, which waits for the buffer to drain.
     """
     extra = ((b"x-request-id", request_id.encode()),)
     if reply.stream is None:
@@ -378,14 +378,26 @@ async def _send_reply(send: Send, reply: Reply, *, request_id: str, transport: a
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), *extra]})
     message = {"type": "http.response.body", "body": b"", "more_body": True}  # one dict for every chunk
-    async for chunk in reply.stream:
-        if transport is not None and not transport.get_write_buffer_size() and not transport.is_closing():
-            if chunk:  # an empty one would read as the chunked body's end
-                transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-            continue
-        message["body"] = chunk
-        await send(message)
+    write_now = None if transport is None else _chunk_writer(transport)
+    async for chunk in reply.stream(write_now):
+        if write_now is None or not write_now(chunk):
+            message["body"] = chunk
+            await send(message)
     await send({"type": "http.response.body", "body": b""})
+
+
+def _chunk_writer(transport: asyncio.WriteTransport) -> WriteNow:
+    """Writes one chunk of the chunked body to ``transport`` unless bytes wait in its buffer (an
+    empty chunk goes through ``send``: written here, it would read as the body's end)."""
+    get_buffer_size, is_closing, write = transport.get_write_buffer_size, transport.is_closing, transport.write
+
+    def write_now(chunk: bytes) -> bool:
+        if not chunk or get_buffer_size() or is_closing():
+            return False
+        write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        return True
+
+    return write_now
 
 
 async def _send_whole(

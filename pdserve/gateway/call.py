@@ -33,14 +33,21 @@ class Call:
         return max(self.arrived_s + spec.request_timeout_s - time.perf_counter(), 0.0)
 
 
+WriteNow = Callable[[bytes], bool]
+"""Writes one chunk of a stream to the client at once, if nothing waits ahead of it in the client's
+buffer; otherwise writes nothing and returns False (the chunk then goes the awaited way)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Reply:
     """Either a whole JSON body or a stream of SSE bytes (exactly one is set).
 
+    ``stream(write_now)`` yields the chunks the server is to send; given ``write_now``, it hands
+    it the chunks that can be written at once instead, as they arrive, and yields only the others.
     ``close`` must be called once the stream is done or abandoned: a stream that was never
     iterated (client gone before the first byte) cannot clean up after itself.
     """
 
     json_body: bytes | None = None
-    stream: AsyncIterator[bytes] | None = None
+    stream: Callable[[WriteNow | None], AsyncIterator[bytes]] | None = None
     close: Callable[[], None] = lambda: None

@@ -87,7 +87,7 @@ class Orchestrator:
                       leg_failed=self.leg_failed, spec=self._spec, metrics=self._metrics, handoffs=self._handoffs,
                       recent=self.recent)
         if call.is_stream:
-            return Reply(stream=relay.stream(), close=relay.finish)
+            return Reply(stream=relay.stream, close=relay.finish)
         return Reply(json_body=await relay.read_whole())
 
     async def close(self) -> None:

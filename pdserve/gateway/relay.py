@@ -1,6 +1,7 @@
 """Relay the decode engine's reply to the client; move it to another decode engine when that fails.
 
-The per-chunk path is here (``Relay.stream``): one clock read, one histogram count, one append.
+The per-chunk path is here (``Relay.push``, where the server can write at once, else
+``Relay.stream``): one clock read, one histogram count, one append, one write.
 What happens when an engine fails mid-request is described in orchestrator.py and docs/reliability.md.
 """
 
@@ -15,7 +16,7 @@ from typing import Any, Protocol
 
 from pdserve.config import GatewaySpec
 from pdserve.errors import LegFailed, PdserveError
-from pdserve.gateway.call import Call
+from pdserve.gateway.call import Call, WriteNow
 from pdserve.gateway.handoffs import Handoffs
 from pdserve.gateway.metrics import GatewayMetrics, ModeMetrics
 from pdserve.gateway.recent import FinishedRequest, RecentRequests, status_of
@@ -77,6 +78,11 @@ class Relay:
         self._mode: ModeMetrics = metrics.modes[mode.value]
         self._sent: list[bytes] = []  # the stream's bytes so far: read back only to resume it
         self._is_finished = False
+        # Per-chunk state, shared by the pushed path and the awaited one.
+        self._previous_s: float | None = None  # when the last chunk went out
+        self._drop_role = False  # a resumed chat stream opens with a role event the client already had
+        self._deadline_s = call.arrived_s + spec.request_timeout_s
+        self._write_now: WriteNow | None = None
         # For the live page's list (gateway/recent.py), filled once per request, never per chunk.
         self._mode_name, self._prefill_url = mode.value, prefill_url
         self._ttft_s: float | None = None
@@ -103,31 +109,35 @@ class Relay:
         self._mode.ttft.observe(time.perf_counter() - self._call.arrived_s)
         return payload
 
-    async def stream(self) -> AsyncIterator[bytes]:
+    async def stream(self, write_now: WriteNow | None = None) -> AsyncIterator[bytes]:
         """Pass the engines' SSE bytes through untouched, chunk by chunk, as they arrive; an engine's
-        own error event ends its leg as a broken connection does (the stream moves on, if it can)."""
-        # Per chunk: one clock read, one lock-free histogram count (gateway/token_gaps.py), one append.
-        observe_gap, previous_s, sent = self._mode.itl.observe, None, self._sent
-        deadline_s = self._call.arrived_s + self._spec.request_timeout_s
-        drop_role = False  # a resumed chat stream opens with a role event the client already had
+        own error event ends its leg as a broken connection does (the stream moves on, if it can).
+
+        With ``write_now``, the chunks after the first go to the client from the engine socket's
+        read (``push``); what it cannot take (a slow client, the first token, an error event, the
+        deadline, a resumed stream's first chunk) comes through here."""
+        self._write_now = write_now
+        observe_gap, sent = self._mode.itl.observe, self._sent
+        push = None if write_now is None else self.push
         try:
             while True:
                 try:
                     async for chunk in self._leg.response.chunks(first_timeout_s=self._spec.first_token_timeout_s,
-                                                                 idle_timeout_s=self._spec.decode_idle_timeout_s):
-                        if drop_role:
-                            chunk, drop_role = resume.drop_role_events(chunk), False
+                                                                 idle_timeout_s=self._spec.decode_idle_timeout_s,
+                                                                 push=push):
+                        if self._drop_role:
+                            chunk, self._drop_role = resume.drop_role_events(chunk), False
                         if ENGINE_ERROR_EVENT in chunk:
                             raise _EngineErrorEvent(*chunk.split(ENGINE_ERROR_EVENT, 1))
                         now_s = time.perf_counter()
-                        if previous_s is None:
+                        if self._previous_s is None:
                             self._first_token(now_s)
                         else:
-                            observe_gap(now_s - previous_s)
-                        if now_s > deadline_s:
+                            observe_gap(now_s - self._previous_s)
+                        if now_s > self._deadline_s:
                             yield self._error_event("the request ran past its deadline", "request_timeout")
                             return
-                        previous_s = now_s
+                        self._previous_s = now_s
                         sent.append(chunk)
                         yield chunk
                     return
@@ -143,9 +153,23 @@ class Relay:
                 if ending is not None:
                     yield ending
                     return
-                drop_role = bool(sent) and self._call.path == resume.CHAT_PATH
+                self._drop_role = bool(sent) and self._call.path == resume.CHAT_PATH
         finally:
             self.finish()
+
+    def push(self, chunk: bytes) -> bool:
+        """One chunk straight from the engine's socket to the client's, if nothing but the usual
+        per-chunk work is due; False, having done nothing, sends it through ``stream``."""
+        previous_s, write_now = self._previous_s, self._write_now
+        if previous_s is None or write_now is None or self._drop_role or ENGINE_ERROR_EVENT in chunk:
+            return False
+        now_s = time.perf_counter()
+        if now_s > self._deadline_s or not write_now(chunk):
+            return False
+        self._mode.itl.observe(now_s - previous_s)
+        self._previous_s = now_s
+        self._sent.append(chunk)
+        return True
 
     async def _resume(self, failure: LegFailed) -> bytes | None:
         """Move the stream to another decode engine; None if it moved, else the bytes that end it."""

@@ -153,6 +153,7 @@ class EngineReply:
         self._idle_timeout_s: float | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
         self._last_bytes_s = 0.0  # time.monotonic() of the last body bytes (or of chunks() start)
+        self._push: Callable[[bytes], bool] | None = None  # chunks()'s, while it waits
 
     async def wait_headers(self) -> None:
         while not self.status:
@@ -165,15 +166,22 @@ class EngineReply:
         return b"".join([part async for part in self.chunks(idle_timeout_s=idle_timeout_s)])
 
     async def chunks(
-        self, *, idle_timeout_s: float | None = None, first_timeout_s: float | None = None
+        self, *, idle_timeout_s: float | None = None, first_timeout_s: float | None = None,
+        push: Callable[[bytes], bool] | None = None,
     ) -> AsyncIterator[bytes]:
         """The body as it arrives: each piece is all that came since the last one (an engine's
         events that reach the gateway together leave it together). Raises EngineUnreachable, or
         TimeoutError once the engine has sent nothing for ``idle_timeout_s`` while we waited
         (``first_timeout_s``, if given, for the first piece: a decode engine's first token waits
-        for the KV pull and the engine's queue)."""
+        for the KV pull and the engine's queue).
+
+        ``push``: while this waits, each piece goes to ``push`` first, straight from the socket's
+        read, with no task woken; a piece it declines (False) is yielded. That is the relay's
+        path per token (gateway/relay.py): a task wake and three generators resumed less per chunk.
+        """
         self._idle_timeout_s = idle_timeout_s if first_timeout_s is None else first_timeout_s
         self._last_bytes_s = time.monotonic()
+        self._push = push
         try:
             while True:
                 parts = self._parts
@@ -189,6 +197,7 @@ class EngineReply:
                     await self._wait()
         finally:
             self._idle_timeout_s = None
+            self._push = None
             if self._idle_timer is not None:
                 self._idle_timer.cancel()
                 self._idle_timer = None
@@ -242,6 +251,22 @@ class EngineReply:
         self._buffered_bytes += len(part)
         if self._buffered_bytes > _HIGH_WATER_BYTES:
             self._connection.pause_reading()
+
+    def deliver(self) -> None:
+        """After each read from the engine: what it brought goes to ``push`` while the reader
+        waits for it, else the reader is woken to take it."""
+        parts = self._parts
+        if not parts:
+            return
+        if self._push is not None and self._waiter is not None and not self._waiter.done():
+            piece = parts[0] if len(parts) == 1 else b"".join(parts)
+            if self._push(piece):
+                if self._buffered_bytes > _HIGH_WATER_BYTES:  # on_body paused the engine's socket
+                    self._connection.resume_reading()
+                self._parts = []
+                self._buffered_bytes = 0
+                return
+            self._parts = [piece]
         self._wake()
 
     def on_complete(self) -> None:
@@ -306,12 +331,15 @@ class _Connection(asyncio.Protocol):
         if self._reply is None:
             self.abort()  # bytes nobody asked for: the connection is no longer in a known state
             return
-        self._reply.has_bytes = True
+        reply = self._reply
+        reply.has_bytes = True
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._lose(f"unreadable HTTP reply: {exc}")
             self.abort()
+        else:
+            reply.deliver()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.is_open = False

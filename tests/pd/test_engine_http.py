@@ -63,6 +63,20 @@ def chunk(data: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(data), data)
 
 
+def streaming(events: list[bytes]) -> Handler:
+    """An SSE reply sending ``events`` 20 ms apart, chunked, then its end."""
+
+    async def stream(_body: bytes, writer: asyncio.StreamWriter, _nth: int) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        for event in events:
+            await asyncio.sleep(0.02)
+            writer.write(chunk(event))
+        writer.write(b"0\r\n\r\n")
+        return True
+
+    return stream
+
+
 async def test_sequential_requests_share_one_keep_alive_connection() -> None:
     client = EngineClient(connect_timeout_s=1.0)
     async with scripted_server(echo_json) as (url, seen):
@@ -77,16 +91,8 @@ async def test_sequential_requests_share_one_keep_alive_connection() -> None:
 async def test_a_streamed_reply_arrives_piece_by_piece_and_completes() -> None:
     events = [b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"]
 
-    async def stream(_body: bytes, writer: asyncio.StreamWriter, _nth: int) -> bool:
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
-        for event in events:
-            await asyncio.sleep(0.02)
-            writer.write(chunk(event))
-        writer.write(b"0\r\n\r\n")
-        return True
-
     client = EngineClient(connect_timeout_s=1.0)
-    async with scripted_server(stream) as (url, seen):
+    async with scripted_server(streaming(events)) as (url, seen):
         reply = await client.post(url + "/v1/completions", b"{}", headers={})
         pieces = [piece async for piece in reply.chunks(idle_timeout_s=1.0)]
         reply.close()
@@ -96,6 +102,26 @@ async def test_a_streamed_reply_arrives_piece_by_piece_and_completes() -> None:
         second.close()
         assert seen.requests_per_connection == [2]  # the finished stream's connection was reused
     client.close()
+
+
+async def test_pieces_go_to_push_while_the_reader_waits_and_those_it_declines_are_yielded() -> None:
+    events = [b"data: %d\n\n" % index for index in range(6)]
+
+    pushed: list[bytes] = []
+
+    def push(piece: bytes) -> bool:  # takes the even events, declines the odd ones
+        if int(piece.split()[1]) % 2:
+            return False
+        pushed.append(piece)
+        return True
+
+    client = EngineClient(connect_timeout_s=1.0)
+    async with scripted_server(streaming(events)) as (url, _):
+        reply = await client.post(url + "/v1/completions", b"{}", headers={})
+        yielded = [piece async for piece in reply.chunks(idle_timeout_s=1.0, push=push)]
+        reply.close()
+    client.close()
+    assert pushed == events[0::2] and yielded == events[1::2]
 
 
 async def test_an_idle_connection_the_engine_closed_is_replaced_transparently() -> None:
