@@ -1,11 +1,10 @@
 """``python -m pdserve_vllm.engine_server ARGS``: vLLM's OpenAI server, unchanged, except that on CPU
 its engine core starts the way VLLM_WORKER_MULTIPROC_METHOD says, where vLLM-CPU always spawns it.
 
-pdserve sets spawn for CPU engines (engines/command.py); a pool env of
-VLLM_WORKER_MULTIPROC_METHOD=fork makes the engine core a fork of the server process, which then
-skips importing torch and vLLM a second time: the 2-core demo's engines were ready 2-10 s sooner,
-its inter-token p50 at 1 req/s 0.5-1.7 ms higher (docs/benchmarks.md, section 9). Fork only with the
-"uni" executor, the one process started then, before the server has run any model or OpenMP code.
+pdserve sets fork for CPU engines (engines/command.py): the engine core is then a fork of the server
+process and skips importing torch and vLLM a second time, which brought the 2-core demo's
+`pdserve up` from 31-37 s to 21-28 s (docs/benchmarks.md, section 9). Fork only with the "uni"
+executor, the one process started then, before the server has run any model or OpenMP code.
 A forked engine core closes its copy of the server's listening socket: else a killed server's port
 would stay bound, accepting connections nobody answers, until the engine core noticed and exited.
 """

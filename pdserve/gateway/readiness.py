@@ -21,6 +21,7 @@ from pdserve.gateway.client_errors import client_error
 from pdserve.gateway.orchestrator import Orchestrator
 from pdserve.role import Role
 from pdserve.routing.decision import Mode
+from pdserve.routing.health import WAITING_PROBE_INTERVAL_S
 from pdserve.routing.pool import Pool
 
 log = logging.getLogger(__name__)
@@ -53,14 +54,17 @@ class Readiness:
 
 async def keep_warm(orchestrator: Orchestrator, pool: Pool, readiness: Readiness, *, model: str,
                     interval_s: float) -> None:
-    """Forever, every ``interval_s``: once engines of both roles are healthy, send one warm-up
-    request through both legs until one succeeds; after a role had no engine at all, again."""
+    """Forever: once engines of both roles are healthy, send one warm-up request through both legs,
+    every ``interval_s`` until one succeeds; after a role had no engine at all, again. Until both
+    roles have one, it looks every WAITING_PROBE_INTERVAL_S, so the warm-up follows the engines at once."""
     while True:
         if not all(pool.healthy(role) for role in Role):
             if readiness.warm_up is WarmUp.DONE:
                 log.warning("a role has no healthy engine: not ready until a new warm-up succeeds")
             readiness.warm_up = WarmUp.PENDING
-        elif readiness.warm_up is not WarmUp.DONE:
+            await asyncio.sleep(min(interval_s, WAITING_PROBE_INTERVAL_S))
+            continue
+        if readiness.warm_up is not WarmUp.DONE:
             await warm_up(orchestrator, readiness, model=model)
         await asyncio.sleep(interval_s)
 

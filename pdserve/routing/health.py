@@ -41,11 +41,18 @@ def record(endpoint: Endpoint, problem: str | None, *, unhealthy_after_failures:
     endpoint.is_healthy = is_healthy
 
 
+# How often to probe while a role has no healthy engine (the gateway cannot serve yet, as at start):
+# an engine that comes up is seen within this, not within health_interval_s.
+WAITING_PROBE_INTERVAL_S = 0.25
+
+
 async def watch(session: aiohttp.ClientSession, pool: Pool, *, spec: GatewaySpec) -> None:
-    """Probe every endpoint each ``health_interval_s``, forever; logs every change of state."""
+    """Probe every endpoint each ``health_interval_s`` (more often while a role has no healthy
+    engine), forever; logs every change of state."""
     while True:
         endpoints = pool.all(Role.PREFILL) + pool.all(Role.DECODE)  # the source may have changed them
         problems = await asyncio.gather(*(probe(session, e.url, timeout_s=spec.health_timeout_s) for e in endpoints))
         for endpoint, problem in zip(endpoints, problems, strict=True):
             record(endpoint, problem, unhealthy_after_failures=spec.unhealthy_after_failures)
-        await asyncio.sleep(spec.health_interval_s)
+        can_serve = all(pool.healthy(role) for role in Role)
+        await asyncio.sleep(spec.health_interval_s if can_serve else min(spec.health_interval_s, WAITING_PROBE_INTERVAL_S))

@@ -1,8 +1,17 @@
 from __future__ import annotations
 
+import asyncio
+import time
+
+import aiohttp
+
+from pdserve.config import GatewaySpec
 from pdserve.role import Role
+from pdserve.routing import health
 from pdserve.routing.health import record
-from pdserve.routing.pool import Endpoint
+from pdserve.routing.pool import Endpoint, Pool
+from tests.conftest import free_port, serving
+from tests.fake_engine import FakeEngine
 
 
 def test_busy_engine_survives_missed_probes_but_dead_one_is_ejected_at_once() -> None:
@@ -16,3 +25,21 @@ def test_busy_engine_survives_missed_probes_but_dead_one_is_ejected_at_once() ->
     assert busy.is_healthy and busy.failed_probes == 0
     record(dead, "unreachable: connection refused", unhealthy_after_failures=3)
     assert not dead.is_healthy
+
+
+async def test_while_a_role_has_no_healthy_engine_its_engines_are_probed_four_times_a_second() -> None:
+    prefill_port, decode_port = free_port(), free_port()
+    pool = Pool(prefill_urls=[f"http://127.0.0.1:{prefill_port}"], decode_urls=[f"http://127.0.0.1:{decode_port}"])
+    spec = GatewaySpec(health_interval_s=30.0)
+    async with serving(FakeEngine().app(), decode_port), aiohttp.ClientSession() as session:
+        watcher = asyncio.create_task(health.watch(session, pool, spec=spec))
+        try:
+            while pool.healthy(Role.PREFILL):  # the first round finds nothing on the prefill port
+                await asyncio.sleep(0.01)
+            async with serving(FakeEngine().app(), prefill_port):
+                started_s = time.monotonic()
+                while not pool.healthy(Role.PREFILL):
+                    await asyncio.sleep(0.01)
+                    assert time.monotonic() - started_s < 2.0, "seen only at the 30 s interval"
+        finally:
+            watcher.cancel()
