@@ -143,7 +143,7 @@ class GatewaySpec(_Frozen):
         "failed legs in a row that take an engine out of rotation, even while its /health answers"))
     eject_for_s: float = Field(5.0, gt=0, description="first pause of an ejected engine, doubled per ejection in a row")
     eject_max_s: float = Field(60.0, gt=0, description="longest pause of an ejected engine")
-    health_interval_s: float = Field(2.0, gt=0)
+    health_interval_s: float = Field(2.0, gt=0, description="between health probes; every 0.25 s while a role has none healthy")
     health_timeout_s: float = Field(5.0, gt=0, description="a busy engine answers /health slowly")
     unhealthy_after_failures: int = Field(3, ge=1, description="failed probes in a row to eject")
     slow_handoff_warn_s: float = Field(1.0, gt=0, description=(

@@ -5,8 +5,9 @@ pdserve sets fork for CPU engines (engines/command.py): the engine core is then 
 process and skips importing torch and vLLM a second time, which brought the 2-core demo's
 `pdserve up` from 31-37 s to 21-28 s (docs/benchmarks.md, section 9). Fork only with the "uni"
 executor, the one process started then, before the server has run any model or OpenMP code.
-A forked engine core closes its copy of the server's listening socket: else a killed server's port
-would stay bound, accepting connections nobody answers, until the engine core noticed and exited.
+A forked engine core closes its copy of the server's socket: else it would keep the port bound and
+listening, and a killed server's port would accept connections nobody answers until the engine core
+noticed and exited.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ from __future__ import annotations
 import os
 import runpy
 import socket
+import sys
 
 from vllm.platforms.cpu import CpuPlatform
 
 from pdserve_vllm import VLLM_SERVER_MODULE
 
 START_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
+VLLM_DEFAULT_PORT = 8000
 
 
 def keep_start_method(method: str) -> None:
@@ -33,26 +36,38 @@ def keep_start_method(method: str) -> None:
     CpuPlatform.check_and_update_config = classmethod(check_then_keep)  # type: ignore[method-assign,assignment]
 
 
-def close_listening_sockets() -> None:
-    """In a forked engine core: close the copy of the server's listening TCP socket (vLLM binds it
-    before it starts the engine), so only the server holds the port; a spawned one never had it."""
+def close_server_socket(port: int) -> None:
+    """In a forked engine core: close the copy of the server's TCP socket on ``port``. vLLM binds it
+    before it starts the engine and listens on it only afterwards, so at the fork it is bound, not yet
+    listening, and a copy left open would accept connections on the port once the server listens."""
     for name in os.listdir("/proc/self/fd"):
         try:
             sock = socket.socket(fileno=int(name))
-        except OSError:  # not a socket
+        except OSError:  # not a socket (or the directory listing's own descriptor, gone by now)
             continue
-        is_tcp = sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM
         try:
-            is_listening = is_tcp and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+            is_server = (sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM
+                         and sock.getsockname()[1] == port)
         except OSError:
-            is_listening = False
-        if is_listening:
+            is_server = False
+        if is_server:
             sock.close()
         else:
             sock.detach()  # not ours to close
 
 
+def server_port(argv: list[str]) -> int:
+    """The ``--port`` vLLM's server is given (``--port N`` or ``--port=N``), else vLLM's default."""
+    for index, arg in enumerate(argv):
+        if arg == "--port" and index + 1 < len(argv):
+            return int(argv[index + 1])
+        if arg.startswith("--port="):
+            return int(arg.removeprefix("--port="))
+    return VLLM_DEFAULT_PORT
+
+
 if __name__ == "__main__":
-    os.register_at_fork(after_in_child=close_listening_sockets)
+    port = server_port(sys.argv[1:])
+    os.register_at_fork(after_in_child=lambda: close_server_socket(port))
     keep_start_method(os.environ.get(START_METHOD_ENV, "spawn"))
     runpy.run_module(VLLM_SERVER_MODULE, run_name="__main__", alter_sys=True)
