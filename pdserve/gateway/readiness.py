@@ -58,7 +58,7 @@ async def keep_warm(orchestrator: Orchestrator, pool: Pool, readiness: Readiness
     every ``interval_s`` until one succeeds; after a role had no engine at all, again. Until both
     roles have one, it looks every WAITING_PROBE_INTERVAL_S, so the warm-up follows the engines at once."""
     while True:
-        if not all(pool.healthy(role) for role in Role):
+        if not pool.can_serve:
             if readiness.warm_up is WarmUp.DONE:
                 log.warning("a role has no healthy engine: not ready until a new warm-up succeeds")
             readiness.warm_up = WarmUp.PENDING

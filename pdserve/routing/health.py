@@ -54,5 +54,4 @@ async def watch(session: aiohttp.ClientSession, pool: Pool, *, spec: GatewaySpec
         problems = await asyncio.gather(*(probe(session, e.url, timeout_s=spec.health_timeout_s) for e in endpoints))
         for endpoint, problem in zip(endpoints, problems, strict=True):
             record(endpoint, problem, unhealthy_after_failures=spec.unhealthy_after_failures)
-        can_serve = all(pool.healthy(role) for role in Role)
-        await asyncio.sleep(spec.health_interval_s if can_serve else min(spec.health_interval_s, WAITING_PROBE_INTERVAL_S))
+        await asyncio.sleep(spec.health_interval_s if pool.can_serve else min(spec.health_interval_s, WAITING_PROBE_INTERVAL_S))

@@ -62,6 +62,11 @@ class Pool:
         return [endpoint for endpoint in self._endpoints[role]
                 if endpoint.is_healthy and endpoint.ejected_until_s <= now_s]
 
+    @property
+    def can_serve(self) -> bool:
+        """Each role has a healthy endpoint: a request can go through both legs."""
+        return all(self.healthy(role) for role in Role)
+
     @contextmanager
     def in_flight(self, endpoint: Endpoint) -> Iterator[Endpoint]:
         """Count one leg on ``endpoint`` for the block (and one more leg sent it, for good)."""
