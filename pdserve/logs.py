@@ -26,7 +26,7 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _FIELD = re.compile(r"(?<!\S)([a-z][a-z0-9_]*)=(\S+)")
 _NUMBER = re.compile(r"-?\d+(\.\d+)?")
 # Names, not numbers, even when they look like one (a client's X-Request-Id of "42").
-TEXT_FIELDS = frozenset({"request_id", "role", "endpoint"})
+TEXT_FIELDS = frozenset({"request_id", "role", "mode", "endpoint", "prefill_endpoint"})
 RECORD_KEYS = ("time", "level", "logger", "message")
 
 

@@ -55,13 +55,13 @@ def test_json_lines_turn_the_gateways_key_value_pairs_into_fields() -> None:
     stream = io.StringIO()
     with logging_off_the_loop(logging.INFO, handler=logging.StreamHandler(stream), log_format="json"):
         logging.getLogger("pdserve.gateway.orchestrator").info(
-            "request_id=%s role=decode endpoint=%s status=200 elapsed_ms=%.1f", "42", "http://127.0.0.1:8200", 12.5)
+            "request_id=%s mode=pd endpoint=%s status=200 elapsed_ms=%.1f", "42", "http://127.0.0.1:8200", 12.5)
         logging.getLogger("pdserve.up").warning("plain line, no fields")
     first, second = json_lines(stream.getvalue())
     assert first["level"] == "INFO" and first["logger"] == "pdserve.gateway.orchestrator"
-    assert {key: first[key] for key in ("request_id", "role", "endpoint", "status", "elapsed_ms")} == {
-        "request_id": "42", "role": "decode", "endpoint": "http://127.0.0.1:8200", "status": 200, "elapsed_ms": 12.5}
-    assert first["message"].startswith("request_id=42 role=decode")
+    assert {key: first[key] for key in ("request_id", "mode", "endpoint", "status", "elapsed_ms")} == {
+        "request_id": "42", "mode": "pd", "endpoint": "http://127.0.0.1:8200", "status": 200, "elapsed_ms": 12.5}
+    assert first["message"].startswith("request_id=42 mode=pd")
     assert datetime.fromisoformat(first["time"]).tzinfo is not None
     assert set(second) == {"time", "level", "logger", "message"} and second["level"] == "WARNING"
 
@@ -93,7 +93,7 @@ def test_progress_lines_are_json_objects_too_in_json_format(capsys: pytest.Captu
     assert text_line == "plain"
 
 
-async def test_a_gateway_logging_json_writes_one_object_per_leg_with_its_timing() -> None:
+async def test_a_gateway_logging_json_writes_one_object_per_request_with_both_legs_timing() -> None:
     stream = io.StringIO()
     with logging_off_the_loop(logging.INFO, handler=logging.StreamHandler(stream), log_format="json"):
         async with ready_gateway_over(FakeEngine()) as base, aiohttp.ClientSession() as session:
@@ -101,8 +101,7 @@ async def test_a_gateway_logging_json_writes_one_object_per_leg_with_its_timing(
             headers = {"X-Request-Id": "json-log-test"}
             async with session.post(base + "/v1/completions", json=body, headers=headers) as reply:
                 await reply.read()
-    legs = [line for line in json_lines(stream.getvalue()) if line.get("request_id") == "json-log-test"]
-    assert {line["role"] for line in legs} == {"prefill", "decode"}
-    for line in legs:
-        assert isinstance(line["elapsed_ms"], float) and line["status"] == 200
-    assert any(line.get("endpoint", "").startswith("http://127.0.0.1:") for line in legs)
+    [line] = [line for line in json_lines(stream.getvalue()) if line.get("request_id") == "json-log-test"]
+    assert line["mode"] == "pd" and line["status"] == 200 and line["kv_blocks"] >= 1
+    assert line["endpoint"].startswith("http://127.0.0.1:") and line["prefill_endpoint"].startswith("http://127.0.0.1:")
+    assert 0 < line["prefill_ms"] <= line["ttft_ms"] <= line["elapsed_ms"], line

@@ -17,7 +17,7 @@ import math
 import sys
 import time
 from bisect import bisect_left
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -194,13 +194,26 @@ async def _measure_point(
     load: LoadProcesses, direct: runner.Target, gateway: runner.Target, *,
     plan: OverheadPlan, meter: CpuMeter, progress: Callable[[str], None], log_dir: Path,
 ) -> OverheadResult:
-    records: dict[str, list[RequestRecord]] = {direct.name: [], gateway.name: []}
-    windows: dict[str, list[Window]] = {direct.name: [], gateway.name: []}
-    uses: dict[str, list[dict[str, CpuUse]]] = {direct.name: [], gateway.name: []}
+    paths = await measure_paths(load, [direct, gateway], plan=plan, meters={direct.name: meter, gateway.name: meter},
+                                progress=progress, log_dir=log_dir)
+    return OverheadResult(streams=plan.streams, direct=paths[direct.name][0], gateway=paths[gateway.name][0],
+                          direct_cpu=paths[direct.name][1], gateway_cpu=paths[gateway.name][1])
+
+
+async def measure_paths(
+    load: LoadProcesses, targets: Sequence[runner.Target], *, plan: OverheadPlan, meters: Mapping[str, CpuMeter],
+    progress: Callable[[str], None], log_dir: Path,
+) -> dict[str, tuple[Summary, PathCpu]]:
+    """The same load through each of ``targets`` in turn, ``plan.rounds`` windows each, the order
+    reversed every other round (ABBA...); each target's summary and its parts' CPU (read with
+    ``meters[target.name]``) over its windows."""
+    records: dict[str, list[RequestRecord]] = {target.name: [] for target in targets}
+    windows: dict[str, list[Window]] = {target.name: [] for target in targets}
+    uses: dict[str, list[dict[str, CpuUse]]] = {target.name: [] for target in targets}
     for round_index in range(plan.rounds):
-        for target in (direct, gateway) if round_index % 2 == 0 else (gateway, direct):
+        for target in targets if round_index % 2 == 0 else reversed(targets):
             window, window_records, window_use = await _window(
-                load, target, plan=plan, steady_s=plan.duration_s / plan.rounds, meter=meter)
+                load, target, plan=plan, steady_s=plan.duration_s / plan.rounds, meter=meters[target.name])
             records[target.name] += window_records
             windows[target.name].append(window)
             uses[target.name].append(window_use)
@@ -208,16 +221,16 @@ async def _measure_point(
             errors = sum(1 for record in window_records if record.error is not None and record.sent_s in window)
             progress(f"  round {round_index + 1}/{plan.rounds} {target.name:<8} "
                      f"{chunks / window.length_s:8.0f} token events/s  errors {errors}")
-    summaries = {name: summarize(records[name], slo=_NO_SLO, windows=windows[name]) for name in records}
-    for name, summary in summaries.items():
+    paths = {}
+    for name, path_records in records.items():
+        summary = summarize(path_records, slo=_NO_SLO, windows=windows[name])
         if summary.ttft_ms is None or summary.itl_ms is None:
             raise BenchFailed(f"{name}: no request streamed tokens ({summary.errors} errors: {summary.top_errors}); "
                               f"logs in {log_dir}")
-    cpu = {name: PathCpu(uses={process: summed([use[process] for use in uses[name]]) for process in PROCESSES},
-                         chunks=chunks_in(records[name], windows[name]), requests=summaries[name].requests)
-           for name in records}
-    return OverheadResult(streams=plan.streams, direct=summaries[direct.name], gateway=summaries[gateway.name],
-                          direct_cpu=cpu[direct.name], gateway_cpu=cpu[gateway.name])
+        cpu = PathCpu(uses={process: summed([use[process] for use in uses[name]]) for process in PROCESSES},
+                      chunks=chunks_in(path_records, windows[name]), requests=summary.requests)
+        paths[name] = (summary, cpu)
+    return paths
 
 
 def chunks_in(records: Sequence[RequestRecord], windows: Sequence[Window]) -> int:

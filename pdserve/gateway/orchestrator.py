@@ -81,8 +81,7 @@ class Orchestrator:
                 self._release(kv, call.request_id)
             raise
         self._router.record(key, leg.endpoint)
-        relay = Relay(call, leg, mode=Mode.PD if kv is not None else Mode.LOCAL, prefill_done_s=prefill_done_s,
-                      prefill_url=None if kv is None else kv.prefill_url,
+        relay = Relay(call, leg, mode=Mode.PD if kv is not None else Mode.LOCAL, prefill_done_s=prefill_done_s, kv=kv,
                       reopen=lambda body: self._open_decode(call, body, tried, decode_policy),
                       leg_failed=self.leg_failed, spec=self._spec, metrics=self._metrics, handoffs=self._handoffs,
                       recent=self.recent)
@@ -135,15 +134,8 @@ class Orchestrator:
             endpoint, kv = await self._failover(Role.PREFILL, call.request_id, stack, [], KeyedPolicy(self._router, key),
                                                 attempt)
         self._router.record(key, endpoint)
-        elapsed_s = time.perf_counter() - call.arrived_s
-        self._metrics.legs[Role.PREFILL].observe(elapsed_s)
-        # Written once the decode leg is on its way: a log line costs ~0.1 ms of the loop under
-        # load (record, format, write), which the decode leg, and so the first token, would wait for.
-        asyncio.get_running_loop().call_soon(
-            log.info, "request_id=%s role=prefill endpoint=%s status=200 elapsed_ms=%.1f prompt_tokens=%d kv_blocks=%d",
-            call.request_id, endpoint.url, elapsed_s * 1000, kv.prompt_tokens, kv.block_count,
-        )
-        return replace(kv, prefill_url=endpoint.url)
+        self._metrics.legs[Role.PREFILL].observe(time.perf_counter() - call.arrived_s)
+        return replace(kv, prefill_url=endpoint.url)  # the request's log line names it (relay.py)
 
     async def _open_decode(self, call: Call, body: dict[str, Any], tried: list[Endpoint], policy: Policy) -> DecodeLeg:
         """Send ``body`` to a decode engine not in ``tried`` (which grows by each one tried).

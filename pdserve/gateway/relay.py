@@ -23,6 +23,7 @@ from pdserve.gateway.recent import FinishedRequest, RecentRequests, status_of
 from pdserve.gateway.tracing import LegTrace
 from pdserve.pd import legs, resume
 from pdserve.pd.engine_http import EngineReply, EngineUnreachable
+from pdserve.pd.kv import KVTransferParams
 from pdserve.protocol import SSE_DONE, sse_error_event
 from pdserve.role import Role
 from pdserve.routing.decision import Mode
@@ -68,13 +69,14 @@ class Relay:
     that engine fails, and records its timing."""
 
     def __init__(
-        self, call: Call, leg: DecodeLeg, *, mode: Mode, prefill_done_s: float | None, prefill_url: str | None,
+        self, call: Call, leg: DecodeLeg, *, mode: Mode, prefill_done_s: float | None, kv: KVTransferParams | None,
         reopen: Callable[[dict[str, Any]], Awaitable[DecodeLeg]], leg_failed: LegFailedHook, spec: GatewaySpec,
         metrics: GatewayMetrics, handoffs: Handoffs, recent: RecentRequests,
     ) -> None:
         self._call, self._leg, self._reopen, self._leg_failed = call, leg, reopen, leg_failed
         self._spec, self._metrics, self._handoffs, self._recent = spec, metrics, handoffs, recent
-        self._prefill_done_s = prefill_done_s
+        self._prefill_done_s = prefill_done_s  # None once the stream moved: no KV handoff to time
+        self._kv, self._prefill_ms = kv, None if prefill_done_s is None else (prefill_done_s - call.arrived_s) * 1000
         self._mode: ModeMetrics = metrics.modes[mode.value]
         self._sent: list[bytes] = []  # the stream's bytes so far: read back only to resume it
         self._is_finished = False
@@ -83,8 +85,8 @@ class Relay:
         self._drop_role = False  # a resumed chat stream opens with a role event the client already had
         self._deadline_s = call.arrived_s + spec.request_timeout_s
         self._write_now: WriteNow | None = None
-        # For the live page's list (gateway/recent.py), filled once per request, never per chunk.
-        self._mode_name, self._prefill_url = mode.value, prefill_url
+        # For the live page's list (gateway/recent.py) and the log line, filled once per request, never per chunk.
+        self._mode_name = mode.value
         self._ttft_s: float | None = None
         self._handoff_s: float | None = None
         self._error_code: str | None = None
@@ -231,15 +233,27 @@ class Relay:
         elapsed_s = time.perf_counter() - self._call.arrived_s
         self._mode.e2e.observe(elapsed_s)
         self._leg.close()
-        log.info("request_id=%s role=decode endpoint=%s status=200 elapsed_ms=%.1f",
-                 self._call.request_id, self._leg.endpoint.url, elapsed_s * 1000)
+        self._log_line(elapsed_s)
         self._recent.add(self._finished(elapsed_s))
+
+    def _log_line(self, elapsed_s: float) -> None:
+        """The request's one log line, written once its reply is done. A line per leg cost the
+        first token 0.14 ms: the writer thread held the interpreter with the prefill leg's line
+        just as the decode engine answered (docs/benchmarks.md, section 1)."""
+        ttft = "" if self._ttft_s is None else f" ttft_ms={self._ttft_s * 1000:.1f}"
+        kv, prefill = self._kv, ""
+        if kv is not None:
+            prefill = (f" prefill_endpoint={kv.prefill_url} prefill_ms={self._prefill_ms:.1f} "
+                       f"prompt_tokens={kv.prompt_tokens} kv_blocks={kv.block_count}")
+        log.info("request_id=%s mode=%s endpoint=%s status=200 elapsed_ms=%.1f%s%s", self._call.request_id,
+                 self._mode_name, self._leg.endpoint.url, elapsed_s * 1000, ttft, prefill)
 
     def _finished(self, elapsed_s: float) -> FinishedRequest:
         sent, is_stream = self._sent, self._call.is_stream
         status = status_of(is_stream=is_stream, error_code=self._error_code, has_first_token=self._ttft_s is not None,
                            has_end_marker=bool(sent) and b"[DONE]" in b"".join(sent[-2:]))
         return FinishedRequest(
-            request_id=self._call.request_id, mode=self._mode_name, prefill_url=self._prefill_url,
+            request_id=self._call.request_id, mode=self._mode_name,
+            prefill_url=None if self._kv is None else self._kv.prefill_url,
             decode_url=self._leg.endpoint.url, ttft_s=self._ttft_s, handoff_s=self._handoff_s, e2e_s=elapsed_s,
             chunks=len(sent), status=status, finished_unix_s=time.time())

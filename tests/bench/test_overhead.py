@@ -3,14 +3,29 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
 from pdserve.bench.cpu import CpuMeter, CpuUse, cpu_use, per_item_us, summed, with_descendants
-from pdserve.bench.overhead import OverheadResult, PathCpu, chunks_in, knee_streams, saturated
+from pdserve.bench.load_processes import LoadProcesses
+from pdserve.bench.overhead import (
+    OverheadPlan,
+    OverheadResult,
+    PathCpu,
+    chunks_in,
+    knee_streams,
+    measure_paths,
+    saturated,
+)
+from pdserve.bench.prompts import WordPrompts
 from pdserve.bench.records import RequestRecord
+from pdserve.bench.runner import Target
 from pdserve.bench.stats import Summary, Window
+from pdserve.bench.upstream import Pace, serving_upstream
+from pdserve.bench.workload import Lengths, synthetic
+from pdserve.config import DEMO_MODEL_NAME
 
 
 def test_knee_is_the_highest_count_before_the_first_miss() -> None:
@@ -91,3 +106,24 @@ def test_chunks_count_only_token_events_inside_the_windows() -> None:
                            done_s=4.0, output_tokens=4)
     assert chunks_in([record], [Window(1.0, 3.0)]) == 2
     assert chunks_in([record], [Window(0.0, 1.0), Window(3.0, 4.0)]) == 2
+
+
+async def test_measure_paths_runs_each_target_in_turn_and_reads_each_parts_cpu(tmp_path: Path) -> None:
+    """Two names for one synthetic engine, measured for real: windows alternate A B B A, each
+    path's tokens arrive inside its windows, and the CPU each part used is read per path."""
+    requests = synthetic(8, model=DEMO_MODEL_NAME, input_tokens=Lengths(16, 16), output_tokens=Lengths(20, 20),
+                         prompts=WordPrompts(), seed=0)
+    plan = OverheadPlan(streams=2, output_tokens=20, tokens_per_s=100.0, duration_s=1.2, rounds=2)
+    order: list[str] = []
+    async with serving_upstream(Pace(ttft_s=0.01, tokens_per_s=100.0)) as upstream, \
+            LoadProcesses(1, requests) as load:
+        meter = CpuMeter({"gateway": [], "upstream": [psutil.Process()], "loadgen": list(load.processes)})
+        targets = [Target("a", (upstream.url,)), Target("b", (upstream.url,))]
+        paths = await measure_paths(load, targets, plan=plan, meters={"a": meter, "b": meter},
+                                    progress=lambda line: order.append(line.split()[2]), log_dir=tmp_path)
+    assert order == ["a", "b", "b", "a"]
+    for summary, cpu in paths.values():
+        assert summary.requests >= 2 and summary.errors == 0
+        assert cpu.chunks >= 2 * 0.5 * 100 * 0.8, "2 streams of 100 tokens/s over two 0.6 s windows"
+        assert cpu.uses["upstream"].seconds > 0 and cpu.uses["loadgen"].seconds > 0
+        assert cpu.uses["gateway"].seconds == 0
