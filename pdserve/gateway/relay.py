@@ -237,9 +237,9 @@ class Relay:
         self._recent.add(self._finished(elapsed_s))
 
     def _log_line(self, elapsed_s: float) -> None:
-        """The request's one log line, written once its reply is done. A line per leg cost the
-        first token 0.14 ms: the writer thread held the interpreter with the prefill leg's line
-        just as the decode engine answered (docs/benchmarks.md, section 1)."""
+        """The request's one log line, written once its reply is done. A line per leg delayed the
+        first token: the writer thread held the interpreter with the prefill leg's line just as
+        the decode engine answered (docs/benchmarks.md, section 1)."""
         ttft = "" if self._ttft_s is None else f" ttft_ms={self._ttft_s * 1000:.1f}"
         kv, prefill = self._kv, ""
         if kv is not None:
