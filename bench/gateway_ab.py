@@ -1,8 +1,10 @@
-"""The gateway's CPU per relayed chunk from two source trees, side by side (docs/benchmarks.md, section 1).
+"""The gateway's CPU per relayed chunk and TTFT from two source trees, side by side (docs/benchmarks.md, section 1).
 
 Synthetic engines and load processes (this tree's) feed a gateway started from tree A,
 then from tree B, in alternating windows (ABBA...); each window reads the gateway's CPU over its steady
-part and counts the token events the load generator received. With --profile DIR, one more window per
+part, counts the token events the load generator received and takes the TTFT p50 of the requests
+sent in it. --handoff-ms makes the synthetic engines send a decode leg's headers at once and its first
+token that much later, as a decode engine does around its KV pull. With --profile DIR, one more window per
 tree runs under py-spy (all the gateway's processes, raw collapsed stacks in DIR).
 
     python bench/gateway_ab.py --a /tmp/before --b . --streams 128 --workers 2 --rounds 4 [--profile DIR]
@@ -41,28 +43,33 @@ async def main(args: argparse.Namespace) -> None:
     requests = synthetic(64, model="pdserve-demo", input_tokens=Lengths(64, 64), output_tokens=Lengths(256, 256),
                          prompts=WordPrompts(), seed=0)
     per_chunk_us: dict[str, list[float]] = {"A": [], "B": []}
+    ttft_p50_ms: dict[str, list[float]] = {"A": [], "B": []}
     async with contextlib.AsyncExitStack() as stack:
         upstream_urls = []
         for index in range(args.upstreams):
             port = free_port()
             upstream_urls.append(f"http://127.0.0.1:{port}")
             await stack.enter_async_context(child_service(
-                [sys.executable, "-m", "pdserve", "bench", "upstream", "--port", str(port)],
+                [sys.executable, "-m", "pdserve", "bench", "upstream", "--port", str(port),
+                 "--handoff-ms", str(args.handoff_ms)],
                 ready_url=upstream_urls[-1] + "/health", log_path=args.logs / f"upstream-{index}.log"))
         load = await stack.enter_async_context(LoadProcesses(args.load_processes, requests))
         for round_index in range(args.rounds):
             for name in ("A", "B") if round_index % 2 == 0 else ("B", "A"):
-                per_chunk_us[name].append(await _window(args, name, load, upstream_urls, profile=False))
+                chunk_us, ttft_ms = await _window(args, name, load, upstream_urls, profile=False)
+                per_chunk_us[name].append(chunk_us)
+                ttft_p50_ms[name].append(ttft_ms)
         if args.profile is not None:
             for name in ("A", "B"):
                 await _window(args, name, load, upstream_urls, profile=True)
     for name, values in per_chunk_us.items():
-        print(f"{name} ({getattr(args, name.lower())}): median {statistics.median(values):.1f} us per chunk "
+        print(f"{name} ({getattr(args, name.lower())}): median {statistics.median(values):.1f} us per chunk, "
+              f"TTFT p50 {statistics.median(ttft_p50_ms[name]):.2f} ms "
               f"over {len(values)} windows", flush=True)
 
 
 async def _window(args: argparse.Namespace, name: str, load: LoadProcesses, upstream_urls: list[str], *,
-                  profile: bool) -> float:
+                  profile: bool) -> tuple[float, float]:
     tree: Path = getattr(args, name.lower())
     port = free_port()
     # -P: not this working directory's pdserve, the one PYTHONPATH names
@@ -76,7 +83,8 @@ async def _window(args: argparse.Namespace, name: str, load: LoadProcesses, upst
 
 
 async def _measure(args: argparse.Namespace, name: str, load: LoadProcesses, port: int,
-                   processes: list[psutil.Process], *, profile: bool) -> float:
+                   processes: list[psutil.Process], *, profile: bool) -> tuple[float, float]:
+    """The gateway's CPU per chunk (µs) and TTFT p50 (ms) over one steady window."""
     start_s = time.perf_counter() + 0.05
     steady = Window(start_s + _RAMP_S, start_s + _RAMP_S + args.steady_s)
 
@@ -102,7 +110,7 @@ async def _measure(args: argparse.Namespace, name: str, load: LoadProcesses, por
           f"{per_chunk_us:.1f} us per chunk, {used_s / args.steady_s:.2f} cores, {chunks / args.steady_s:.0f} chunks/s; "
           f"TTFT p50 {ttft.p50 if ttft else 0:.2f} ms, ITL p99 {itl.p99 if itl else 0:.2f} ms, {summary.errors} errors",
           flush=True)
-    return per_chunk_us
+    return per_chunk_us, ttft.p50 if ttft else 0.0
 
 
 def _py_spy(out: Path, pid: int, duration_s: float) -> subprocess.Popen[bytes]:
@@ -122,6 +130,8 @@ if __name__ == "__main__":
     parser.add_argument("--load-processes", type=int, default=1)
     parser.add_argument("--upstreams", type=int, default=1, help="synthetic engine processes")
     parser.add_argument("--steady-s", type=float, default=8.0)
+    parser.add_argument("--handoff-ms", type=float, default=0.0,
+                        help="the synthetic engines' decode leg: headers at once, its first token this much later")
     parser.add_argument("--profile", type=Path, default=None, help="folder for py-spy's stacks")
     parser.add_argument("--logs", type=Path, default=Path(".pdserve/gateway-ab"))
     arguments = parser.parse_args()
