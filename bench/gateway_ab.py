@@ -31,7 +31,7 @@ from pdserve.bench.load_processes import LoadProcesses
 from pdserve.bench.overhead import chunks_in
 from pdserve.bench.prompts import WordPrompts
 from pdserve.bench.runner import Target
-from pdserve.bench.services import child_service, free_port
+from pdserve.bench.services import child_service, free_port, serve_flags, synthetic_engines
 from pdserve.bench.stats import Slo, Window, summarize
 from pdserve.bench.workload import Lengths, synthetic
 
@@ -45,14 +45,9 @@ async def main(args: argparse.Namespace) -> None:
     per_chunk_us: dict[str, list[float]] = {"A": [], "B": []}
     ttft_p50_ms: dict[str, list[float]] = {"A": [], "B": []}
     async with contextlib.AsyncExitStack() as stack:
-        upstream_urls = []
-        for index in range(args.upstreams):
-            port = free_port()
-            upstream_urls.append(f"http://127.0.0.1:{port}")
-            await stack.enter_async_context(child_service(
-                [sys.executable, "-m", "pdserve", "bench", "upstream", "--port", str(port),
-                 "--handoff-ms", str(args.handoff_ms)],
-                ready_url=upstream_urls[-1] + "/health", log_path=args.logs / f"upstream-{index}.log"))
+        upstreams = await stack.enter_async_context(synthetic_engines(
+            args.upstreams, log_dir=args.logs, flags=["--handoff-ms", str(args.handoff_ms)]))
+        upstream_urls = [url for url, _ in upstreams]
         load = await stack.enter_async_context(LoadProcesses(args.load_processes, requests))
         for round_index in range(args.rounds):
             for name in ("A", "B") if round_index % 2 == 0 else ("B", "A"):
@@ -74,7 +69,7 @@ async def _window(args: argparse.Namespace, name: str, load: LoadProcesses, upst
     port = free_port()
     # -P: not this working directory's pdserve, the one PYTHONPATH names
     argv = ["env", f"PYTHONPATH={tree.resolve()}", sys.executable, "-P", "-m", "pdserve", "serve",
-            *(arg for url in upstream_urls for arg in ("--prefill-url", url, "--decode-url", url)),
+            *serve_flags(upstream_urls),
             "--port", str(port), "--workers", str(args.workers)]
     async with child_service(argv, ready_url=f"http://127.0.0.1:{port}/health",
                              log_path=args.logs / f"gateway-{name}.log") as gateway:

@@ -35,7 +35,7 @@ from pdserve.bench.load_processes import LoadProcesses
 from pdserve.bench.overhead import OverheadPlan, OverheadResult, measure_paths
 from pdserve.bench.prompts import WordPrompts
 from pdserve.bench.runner import Target
-from pdserve.bench.services import child_service, free_port
+from pdserve.bench.services import child_service, free_port, serve_flags, synthetic_engines
 from pdserve.bench.workload import Lengths, synthetic
 
 _NGINX_CONF = """worker_processes {workers};
@@ -78,13 +78,9 @@ async def main(args: argparse.Namespace) -> None:
           f"worker(s) each, {args.upstreams} synthetic engine(s), {args.load_processes} load process(es)", flush=True)
     results: dict[str, list[OverheadResult]] = {"nginx": [], "pdserve-1leg": [], "pdserve-pd": []}
     async with contextlib.AsyncExitStack() as stack:
-        engine_urls, engines = [], []
-        for index in range(args.upstreams):
-            port = free_port()
-            engine_urls.append(f"http://127.0.0.1:{port}")
-            engines.append(psutil.Process((await stack.enter_async_context(child_service(
-                [sys.executable, "-m", "pdserve", "bench", "upstream", "--port", str(port)],
-                ready_url=engine_urls[-1] + "/health", log_path=args.logs / f"upstream-{index}.log"))).pid))
+        started = await stack.enter_async_context(synthetic_engines(args.upstreams, log_dir=args.logs))
+        engine_urls = [url for url, _ in started]
+        engines = [psutil.Process(process.pid) for _, process in started]
         proxies = {
             "nginx": await stack.enter_async_context(_nginx(args, engine_urls)),
             "pdserve-1leg": await stack.enter_async_context(_pdserve(args, engine_urls, disaggregation="never")),
@@ -128,7 +124,7 @@ async def _pdserve(args: argparse.Namespace, engine_urls: list[str], *,
                    disaggregation: str) -> AsyncIterator[tuple[str, list[psutil.Process]]]:
     port = free_port()
     argv = ["env", f"PDSERVE_ROUTING__DISAGGREGATION={disaggregation}", sys.executable, "-m", "pdserve", "serve",
-            *(arg for url in engine_urls for arg in ("--prefill-url", url, "--decode-url", url)),
+            *serve_flags(engine_urls),
             "--port", str(port), "--workers", str(args.workers)]
     async with child_service(argv, ready_url=f"http://127.0.0.1:{port}/health/ready",
                              log_path=args.logs / f"pdserve-{disaggregation}.log") as process:

@@ -28,7 +28,7 @@ from pdserve.bench.cpu import CpuMeter, CpuUse, cpu_use, per_item_us, summed, wi
 from pdserve.bench.load_processes import LoadProcesses
 from pdserve.bench.prompts import WordPrompts
 from pdserve.bench.records import RequestRecord
-from pdserve.bench.services import child_service, free_port
+from pdserve.bench.services import child_service, free_port, serve_flags, synthetic_engines
 from pdserve.bench.stats import Slo, Summary, Window, summarize
 from pdserve.bench.workload import Lengths, synthetic
 from pdserve.config import DEMO_MODEL_NAME
@@ -274,25 +274,18 @@ async def _upstreams_and_gateway(
     """``plan.upstreams`` synthetic engines and the gateway over them; yields the direct and gateway
     targets and each part's processes (the gateway with its workers)."""
     pdserve = [sys.executable, "-m", "pdserve"]
-    upstream_urls = []
+    pace = ["--ttft-ms", str(plan.ttft_s * 1000), "--tokens-per-s", str(plan.tokens_per_s)]
     async with contextlib.AsyncExitStack() as stack:
-        upstreams = []
-        for index in range(plan.upstreams):
-            port = free_port()
-            upstream_urls.append(f"http://127.0.0.1:{port}")
-            argv = [*pdserve, "bench", "upstream", "--port", str(port), "--ttft-ms", str(plan.ttft_s * 1000),
-                    "--tokens-per-s", str(plan.tokens_per_s)]
-            upstreams.append(await stack.enter_async_context(child_service(
-                argv, ready_url=f"{upstream_urls[-1]}/health", log_path=log_dir / f"upstream-{index}.log")))
+        upstreams = await stack.enter_async_context(synthetic_engines(plan.upstreams, log_dir=log_dir, flags=pace))
+        upstream_urls = [url for url, _ in upstreams]
         gateway_url = f"http://127.0.0.1:{free_port()}"
-        gateway_argv = [*pdserve, "serve", "--port", gateway_url.rsplit(":", 1)[1],
-                        *(arg for url in upstream_urls for arg in ("--prefill-url", url, "--decode-url", url))]
+        gateway_argv = [*pdserve, "serve", "--port", gateway_url.rsplit(":", 1)[1], *serve_flags(upstream_urls)]
         if plan.gateway_workers is not None:
             gateway_argv += ["--workers", str(plan.gateway_workers)]
         gateway = await stack.enter_async_context(child_service(
             gateway_argv, ready_url=f"{gateway_url}/health", log_path=log_dir / "gateway.log"))
         services = {"gateway": with_descendants(psutil.Process(gateway.pid)),
-                    "upstream": [psutil.Process(upstream.pid) for upstream in upstreams]}
+                    "upstream": [psutil.Process(process.pid) for _, process in upstreams]}
         yield runner.Target("direct", tuple(upstream_urls)), runner.Target("gateway", (gateway_url,)), services
 
 

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import signal
 import socket
+import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -47,6 +48,28 @@ async def child_service(
             yield process
         finally:
             await _stop(process)
+
+
+@contextlib.asynccontextmanager
+async def synthetic_engines(
+    count: int, *, log_dir: Path, flags: Sequence[str] = ()
+) -> AsyncIterator[list[tuple[str, asyncio.subprocess.Process]]]:
+    """``count`` synthetic engines (``pdserve bench upstream FLAGS``), each a process on a port of
+    its own, for the block, once each answers; their base URLs and processes."""
+    async with contextlib.AsyncExitStack() as stack:
+        engines = []
+        for index in range(count):
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            argv = [sys.executable, "-m", "pdserve", "bench", "upstream", "--port", str(port), *flags]
+            engines.append((url, await stack.enter_async_context(child_service(
+                argv, ready_url=f"{url}/health", log_path=log_dir / f"upstream-{index}.log"))))
+        yield engines
+
+
+def serve_flags(engine_urls: Sequence[str]) -> list[str]:
+    """``pdserve serve``'s flags that make each engine both a prefill and a decode engine."""
+    return [flag for url in engine_urls for flag in ("--prefill-url", url, "--decode-url", url)]
 
 
 async def _wait_ready(process: asyncio.subprocess.Process, url: str, *, timeout_s: float, log_path: Path) -> None:

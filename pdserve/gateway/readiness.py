@@ -21,7 +21,7 @@ from pdserve.gateway.client_errors import client_error
 from pdserve.gateway.orchestrator import Orchestrator
 from pdserve.role import Role
 from pdserve.routing.decision import Mode
-from pdserve.routing.health import WAITING_PROBE_INTERVAL_S
+from pdserve.routing.health import next_look_s
 from pdserve.routing.pool import Pool
 
 log = logging.getLogger(__name__)
@@ -56,13 +56,14 @@ async def keep_warm(orchestrator: Orchestrator, pool: Pool, readiness: Readiness
                     interval_s: float) -> None:
     """Forever: once engines of both roles are healthy, send one warm-up request through both legs,
     every ``interval_s`` until one succeeds; after a role had no engine at all, again. Until both
-    roles have one, it looks every WAITING_PROBE_INTERVAL_S, so the warm-up follows the engines at once."""
+    roles have one, it looks as often as the health probes do (``health.next_look_s``), so the
+    warm-up follows the engines at once."""
     while True:
         if not pool.can_serve:
             if readiness.warm_up is WarmUp.DONE:
                 log.warning("a role has no healthy engine: not ready until a new warm-up succeeds")
             readiness.warm_up = WarmUp.PENDING
-            await asyncio.sleep(min(interval_s, WAITING_PROBE_INTERVAL_S))
+            await asyncio.sleep(next_look_s(pool, interval_s))
             continue
         if readiness.warm_up is not WarmUp.DONE:
             await warm_up(orchestrator, readiness, model=model)

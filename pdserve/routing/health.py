@@ -46,6 +46,12 @@ def record(endpoint: Endpoint, problem: str | None, *, unhealthy_after_failures:
 WAITING_PROBE_INTERVAL_S = 0.25
 
 
+def next_look_s(pool: Pool, interval_s: float) -> float:
+    """How long to wait before looking at the engines again: ``interval_s``, or at most
+    WAITING_PROBE_INTERVAL_S while a role has no healthy engine."""
+    return interval_s if pool.can_serve else min(interval_s, WAITING_PROBE_INTERVAL_S)
+
+
 async def watch(session: aiohttp.ClientSession, pool: Pool, *, spec: GatewaySpec) -> None:
     """Probe every endpoint each ``health_interval_s`` (more often while a role has no healthy
     engine), forever; logs every change of state."""
@@ -54,4 +60,4 @@ async def watch(session: aiohttp.ClientSession, pool: Pool, *, spec: GatewaySpec
         problems = await asyncio.gather(*(probe(session, e.url, timeout_s=spec.health_timeout_s) for e in endpoints))
         for endpoint, problem in zip(endpoints, problems, strict=True):
             record(endpoint, problem, unhealthy_after_failures=spec.unhealthy_after_failures)
-        await asyncio.sleep(spec.health_interval_s if pool.can_serve else min(spec.health_interval_s, WAITING_PROBE_INTERVAL_S))
+        await asyncio.sleep(next_look_s(pool, spec.health_interval_s))
