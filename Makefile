@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(BIN)/pdserve up
 
 lint: $(STAMP)
-	$(BIN)/ruff check pdserve pdserve_vllm tests
+	$(BIN)/ruff check pdserve pdserve_vllm tests bench
 	$(BIN)/mypy
 
 unit: $(STAMP)
