@@ -2,17 +2,38 @@
 # The same image runs the Ray head (gateway) and the engine workers; `render k8s` names it in
 # kubernetes.image and its Ray version in kubernetes.ray_version. See docs/deploy.md.
 #   docker build -t pdserve:latest .
-FROM rayproject/ray-llm:2.58.0-py312-cu130
+# RAY_VERSION must equal kubernetes.ray_version (a test checks the default; the build checks the image).
+ARG RAY_VERSION=2.58.0
+FROM rayproject/ray-llm:${RAY_VERSION}-py312-cu130
+ARG RAY_VERSION
+LABEL io.ray.version=${RAY_VERSION}
+RUN python -c "import ray, sys; sys.exit(ray.__version__ != '${RAY_VERSION}' and f'image has Ray {ray.__version__}, expected ${RAY_VERSION}')"
 
 # EFA's user-space side (libfabric with the efa provider, rdma-core) for NIXL's LIBFABRIC backend;
 # the kernel driver comes from the node. Skipped when the base image already has it.
-ARG EFA_INSTALLER_VERSION=latest
+# Pinned, not `latest`, so a rebuild gets the same libraries: 1.51.0 is libfabric 2.7.0amzn2.0 and
+# rdma-core 65.0 (AWS's EFA installer changelog). The tarball is checked against AWS's GPG
+# signature before it is unpacked, as AWS's EFA-in-containers guide and the EKS AMI's install script
+# do; a bad signature stops the build. The key comes from the same host, so this catches a corrupt
+# or swapped tarball, not a compromised host.
+# The base image deletes its apt lists and efa_installer.sh apt-installs its dependencies (pciutils,
+# environment-modules, libnl-3, …): `apt-get update` first, and the lists removed again after.
+ARG EFA_INSTALLER_VERSION=1.51.0
 RUN if [ ! -e /opt/amazon/efa/lib/libfabric.so ]; then \
-        cd /tmp \
-        && curl -fsSL "https://efa-installer.amazonaws.com/aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz" | tar xz \
+        efa_tarball="aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz" \
+        && cd /tmp \
+        && sudo apt-get update \
+        && (command -v gpg > /dev/null || sudo apt-get install -y --no-install-recommends gnupg) \
+        && export GNUPGHOME="$(mktemp -d)" \
+        && curl -fsSLO https://efa-installer.amazonaws.com/aws-efa-installer.key \
+        && curl -fsSLO "https://efa-installer.amazonaws.com/${efa_tarball}" \
+        && curl -fsSLO "https://efa-installer.amazonaws.com/${efa_tarball}.sig" \
+        && gpg --batch --import aws-efa-installer.key \
+        && gpg --batch --verify "${efa_tarball}.sig" "${efa_tarball}" \
+        && tar xzf "${efa_tarball}" \
         && cd aws-efa-installer \
         && sudo ./efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify \
-        && cd / && sudo rm -rf /tmp/aws-efa-installer /var/lib/apt/lists/*; \
+        && cd / && sudo rm -rf "${GNUPGHOME}" /tmp/aws-efa-installer* /var/lib/apt/lists/*; \
     fi
 
 COPY --chown=ray:users pyproject.toml README.md /home/ray/pdserve/

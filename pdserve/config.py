@@ -67,6 +67,12 @@ class PoolSpec(_Frozen):
                      "e.g. ['0-3']; empty = split this host's cores (on Ray: the node's)"),
     )
     kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE for CPU engines")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description=(
+        "share of each GPU's memory vLLM may take for weights, activations and KV cache "
+        "(--gpu-memory-utilization); null = vLLM's own 0.9"))
+    enforce_eager: bool = Field(False, description=(
+        "run the model eagerly, without CUDA graphs (--enforce-eager): less GPU memory and a faster start, "
+        "slower decode steps"))
     extra_args: list[str] = Field(default_factory=list, description="extra vLLM CLI args")
     env: dict[str, str] = Field(default_factory=dict, description="extra engine env vars")
     urls: list[str] = Field(default_factory=list, description="already-running engines, http://host:port")
@@ -90,6 +96,9 @@ class PoolSpec(_Frozen):
                 raise ValueError(f"gpu_ids needs {needed} ids for {self.engines} engine(s)")
         if len(self.cpu_threads_bind) not in (0, 1, self.engines):
             raise ValueError("cpu_threads_bind needs one entry per engine, or one for all")
+        if self.gpu_memory_utilization is not None and self.device != "cuda":
+            raise ValueError("gpu_memory_utilization is for device: cuda (CPU engines size their KV cache "
+                             "with kv_cache_gib)")
         return self
 
 
@@ -326,6 +335,16 @@ class KubernetesSpec(_Frozen):
         "render PodMonitors for the gateway's and the engines' /metrics (needs the Prometheus Operator's CRDs)"))
     grafana_dashboard: bool = Field(True, description=(
         "render pdserve's Grafana dashboard as a ConfigMap labelled grafana_dashboard: \"1\" for Grafana's sidecar"))
+    monitor_labels: dict[str, str] = Field(default_factory=lambda: {"release": "kube-prometheus-stack"}, description=(
+        "labels on the PodMonitors: kube-prometheus-stack's Prometheus selects only those labelled with its Helm "
+        "release (release: <release name>)"))
+    upgrade: Literal["recreate", "new_cluster"] = Field("recreate", description=(
+        "how a change of the pods (image, resources) rolls out: recreate = KubeRay's upgradeStrategy None, and "
+        "`cloud up` replaces the RayService (the engines restart; fits fixed GPU node groups); new_cluster = "
+        "KubeRay's NewCluster, which needs room for a second set of engine pods"))
+    model_cache_path: str = Field("/var/lib/pdserve/cache", description=(
+        "a directory on each GPU node (hostPath) for downloaded weights and vLLM's compile cache, so a replaced "
+        "engine pod neither downloads nor compiles again and finds the weights in the page cache; empty = none"))
 
 
 class EksSpec(_Frozen):
@@ -335,7 +354,7 @@ class EksSpec(_Frozen):
     region: str = Field("us-west-2", description="AWS region")
     availability_zone: str = Field("", description=(
         "zone of the GPU node group (EFA needs one zone); empty = first zone that offers gpu_instance_type"))
-    kubernetes_version: str = Field("1.31", description="EKS control plane version")
+    kubernetes_version: str = Field("1.34", description="EKS control plane version (eksctl's own default)")
     system_instance_type: str = Field("m7i.xlarge", description="CPU-only system nodes (Ray head, KubeRay)")
     system_nodes: int = Field(1, ge=1)
     gpu_instance_type: str = Field("g6.8xlarge", description="GPU worker nodes (one engine each)")

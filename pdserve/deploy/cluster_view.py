@@ -9,8 +9,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from pdserve.deploy.eks import rayservice_readiness, serve_app_states
 from pdserve.deploy.eksctl import INSTANCE_TYPE_LABEL
+from pdserve.deploy.pod_diagnosis import rayservice_readiness, serve_app_states
 from pdserve.deploy.rayservice import EFA_RESOURCE, GPU_RESOURCE
 
 Row = tuple[str, ...]

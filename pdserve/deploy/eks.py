@@ -8,26 +8,37 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
-
-import yaml
+from functools import partial
 
 from pdserve.config import Settings
-from pdserve.deploy.eksctl import GPU_NODE_GROUP, SYSTEM_NODE_GROUP, Zones, cluster_config
-from pdserve.deploy.k8s import render_manifests, render_yaml
+from pdserve.deploy.eksctl import GPU_NODE_GROUP, GPU_TAINT, SYSTEM_NODE_GROUP, Zones, cluster_config, node_group_state
+from pdserve.deploy.k8s import render_manifests, render_yaml, to_yaml
 from pdserve.deploy.k8s_names import (
     GATEWAY_PORT_NAME,
     RAY_TOKEN_SECRET_KEY,
     gateway_service_name,
     ray_token_secret_name,
 )
+from pdserve.deploy.pod_diagnosis import diagnose
+from pdserve.deploy.preflight import (
+    EFA_PLUGIN,
+    PLUGIN_NAMESPACE,
+    efa_plugin_tolerations,
+    gpu_nodes_query,
+    gpu_nodes_readiness,
+    gpu_nodes_wanted,
+    image_check_argv,
+    ray_version_problem,
+)
+from pdserve.deploy.rayservice import PODS_HASH_ANNOTATION
 from pdserve.deploy.steps import Poll, Readiness, Step
 
 KUBERAY_CHART_REPO = "https://ray-project.github.io/kuberay-helm/"
 KUBERAY_RELEASE = "kuberay-operator"
 KUBERAY_NAMESPACE = "kuberay-system"
-EFA_PLUGIN = "aws-efa-k8s-device-plugin-daemonset"  # what eksctl installs for efaEnabled node groups
-_EFA_PLUGIN_TOLERATIONS = json.dumps({"spec": {"template": {"spec": {"tolerations": [{"operator": "Exists"}]}}}})
+# The engines and the device plugins come up in minutes once the nodes are Ready; a node that offers no
+# GPU or EFA for this long after its plugin started will not.
+GPU_NODES_TIMEOUT_S = 600.0
 _PODMONITOR_CRD = "podmonitors.monitoring.coreos.com"
 _POD_MONITOR_KIND = "PodMonitor"
 
@@ -50,12 +61,13 @@ def kubeconfig_argv(settings: Settings) -> tuple[str, ...]:
 
 
 def plan_up(settings: Settings, *, zones: Zones, ray_token: str) -> list[Step]:
-    """Cluster, node groups, kubeconfig, KubeRay, namespace, Ray token, manifests, then a wait until
-    the Serve app runs. ``ray_token`` is used only if the Secret does not exist yet, and never shown.
-    Raises ConfigError (from the ClusterConfig) when the pools' node labels conflict."""
-    cluster_yaml = yaml.safe_dump(cluster_config(settings, zones), sort_keys=False)
+    """Cluster, node groups, kubeconfig, the preflight (GPU nodes, image), KubeRay, namespace, Ray token,
+    manifests, then a wait until the Serve app runs. ``ray_token`` is used only if the Secret does not exist
+    yet, and never shown. Raises ConfigError (from the ClusterConfig) when the pools' node labels conflict."""
+    cluster_yaml = to_yaml(cluster_config(settings, zones))
     return [
         *_cluster_steps(settings, cluster_yaml),
+        *_preflight_steps(settings),
         *_operator_steps(settings),
         *_app_steps(settings, ray_token=ray_token),
     ]
@@ -95,25 +107,43 @@ def _cluster_steps(settings: Settings, cluster_yaml: str) -> list[Step]:
     eks = settings.eks
     where = ("--region", eks.region)
     create = ("eksctl", "create", "nodegroup", "-f", "-", "--include")
-    get = ("eksctl", "get", "nodegroup", "--cluster", eks.cluster_name, *where, "--name")
     return [
         Step("cluster", ("eksctl", "create", "cluster", "-f", "-", "--without-nodegroup"), stdin=cluster_yaml,
              done_check=("eksctl", "get", "cluster", "--name", eks.cluster_name, *where)),
-        Step("system-nodes", (*create, SYSTEM_NODE_GROUP), stdin=cluster_yaml, done_check=(*get, SYSTEM_NODE_GROUP)),
-        Step("gpu-nodes", (*create, GPU_NODE_GROUP), stdin=cluster_yaml, done_check=(*get, GPU_NODE_GROUP)),
+        *(Step(f"{group}-nodes", (*create, group), stdin=cluster_yaml,
+               done_check=("eksctl", "get", "nodegroup", "--cluster", eks.cluster_name, *where, "--name", group,
+                           "--output", "json"),
+               done_when=partial(node_group_state, eks=eks, name=group))
+          for group in (SYSTEM_NODE_GROUP, GPU_NODE_GROUP)),
         Step("kubeconfig", kubeconfig_argv(settings)),
         *_efa_plugin_steps(settings),
     ]
 
 
 def _efa_plugin_steps(settings: Settings) -> list[Step]:
-    """eksctl's EFA device plugin tolerates only its own taint: let it onto the tainted GPU nodes,
-    or they never advertise ``vpc.amazonaws.com/efa``. A merge patch replaces the list: idempotent."""
+    """eksctl's EFA device plugin tolerates only CriticalAddonsOnly and its own taint, and eksctl patches no
+    more in (pkg/addons/device_plugin.go): let it onto the GPU nodes' taint, or they never offer
+    ``vpc.amazonaws.com/efa``. A merge patch replaces the list: idempotent. A plugin that is missing fails
+    the step: eksctl installs it with every efaEnabled node group."""
     if not settings.eks.efa:
         return []
-    plugin = ("--namespace", "kube-system", "daemonset", EFA_PLUGIN)
-    patch = kubectl(settings, "patch", *plugin, "--type", "merge", "-p", _EFA_PLUGIN_TOLERATIONS)
-    return [Step("efa-device-plugin", patch, only_if=kubectl(settings, "get", *plugin))]
+    patch = {"spec": {"template": {"spec": {"tolerations": efa_plugin_tolerations()}}}}
+    return [Step("efa-device-plugin", kubectl(settings, "patch", "--namespace", PLUGIN_NAMESPACE, "daemonset",
+                                              EFA_PLUGIN, "--type", "merge", "-p", json.dumps(patch)),
+                 about=f"lets eksctl's EFA device plugin onto the GPU nodes' {GPU_TAINT['key']} taint")]
+
+
+def _preflight_steps(settings: Settings) -> list[Step]:
+    """Before anything is applied: the GPU nodes offer what the engine pods request, and the image carries
+    the Ray that ``kubernetes.ray_version`` names."""
+    return [
+        Step("gpu-nodes-ready", gpu_nodes_query(kubectl(settings)),
+             poll=Poll(check=partial(gpu_nodes_readiness, settings=settings), timeout_s=GPU_NODES_TIMEOUT_S),
+             about=f"preflight: {gpu_nodes_wanted(settings)}; stops at once if a device plugin can never run there"),
+        Step("image-ray-version", image_check_argv(kubectl(settings), settings),
+             check_output=partial(ray_version_problem, settings=settings),
+             about=f"preflight: the image's Ray is kubernetes.ray_version {settings.kubernetes.ray_version}"),
+    ]
 
 
 def _operator_steps(settings: Settings) -> list[Step]:
@@ -142,11 +172,36 @@ def _app_steps(settings: Settings, *, ray_token: str) -> list[Step]:
                                   f"--from-file={RAY_TOKEN_SECRET_KEY}=/dev/stdin"),
              done_check=kubectl(settings, "get", "secret", secret, *in_namespace),
              stdin=ray_token, is_stdin_secret=True),
+        *_replace_steps(settings),
         Step("manifests", apply, stdin=core_yaml),
         *_pod_monitor_steps(settings, apply, pod_monitor_yaml=pod_monitor_yaml),
-        Step("serving", kubectl(settings, "get", "rayservice", spec.name, *in_namespace, "-o", "json"),
-             poll=Poll(check=rayservice_readiness, timeout_s=settings.eks.ready_timeout_s)),
+        Step("serving", kubectl(settings, "get", "rayservices,pods,events,nodes", *in_namespace, "-o", "json"),
+             poll=Poll(check=partial(diagnose, rayservice_name=spec.name),
+                       timeout_s=settings.eks.ready_timeout_s)),
     ]
+
+
+def _replace_steps(settings: Settings) -> list[Step]:
+    """With ``kubernetes.upgrade: recreate`` (KubeRay's upgradeStrategy None) KubeRay ignores changes to the
+    pods, so a RayService whose pods changed is deleted first and created anew by the next step."""
+    spec = settings.kubernetes
+    if spec.upgrade != "recreate":
+        return []
+    rendered = next(obj for obj in render_manifests(settings) if obj["kind"] == "RayService")
+    current = rendered["metadata"]["annotations"][PODS_HASH_ANNOTATION]
+    return [Step("replace-pods", kubectl(settings, "delete", "rayservice", spec.name, "--namespace", spec.namespace,
+                                         "--ignore-not-found", "--wait=true"),
+                 done_check=kubectl(settings, "get", "rayservices", "--namespace", spec.namespace, "-o", "json"),
+                 done_when=partial(_pods_unchanged, name=spec.name, current=current))]
+
+
+def _pods_unchanged(list_json: str, *, name: str, current: str) -> Readiness:
+    """Nothing to replace when the RayService is absent or was rendered with the same pods."""
+    for item in json.loads(list_json).get("items", []):
+        if item["metadata"]["name"] == name:
+            live = (item["metadata"].get("annotations") or {}).get(PODS_HASH_ANNOTATION, "")
+            return Readiness(is_ready=live == current, summary=f"pods {live or 'unknown'} -> {current}")
+    return Readiness(is_ready=True, summary="no RayService yet")
 
 
 def _manifest_documents(settings: Settings) -> tuple[str, str, str]:
@@ -165,32 +220,6 @@ def _pod_monitor_steps(settings: Settings, argv: tuple[str, ...], *, pod_monitor
     if not pod_monitor_yaml:
         return []
     return [Step("pod-monitor", argv, stdin=pod_monitor_yaml, only_if=kubectl(settings, "get", "crd", _PODMONITOR_CRD))]
-
-
-def rayservice_readiness(rayservice_json: str) -> Readiness:
-    """Ready when KubeRay says the RayService is Ready (its Ready condition, or ``serviceStatus:
-    Running`` on older operators); the summary names each Serve app's and deployment's status."""
-    status: dict[str, Any] = json.loads(rayservice_json).get("status") or {}
-    conditions = {condition.get("type"): condition for condition in status.get("conditions") or []}
-    ready = conditions.get("Ready", {})
-    is_ready = ready.get("status") == "True" or status.get("serviceStatus") == "Running"
-    apps = serve_app_states(status)
-    summary = "; ".join(f"app {name} {state}" for name, state in apps.items()) or (
-        ready.get("message") or ready.get("reason") or "no Serve application status yet")
-    return Readiness(is_ready=is_ready, summary=summary)
-
-
-def serve_app_states(rayservice_status: dict[str, Any]) -> dict[str, str]:
-    """Serve app name -> "RUNNING (prefill HEALTHY, decode UPDATING, ...)" from a RayService's status."""
-    active = rayservice_status.get("activeServiceStatus") or {}
-    pending = rayservice_status.get("pendingServiceStatus") or {}
-    applications: dict[str, Any] = active.get("applicationStatuses") or pending.get("applicationStatuses") or {}
-    states = {}
-    for name, app in applications.items():
-        deployments = app.get("serveDeploymentStatuses") or {}
-        parts = ", ".join(f"{deployment} {info.get('status', '?')}" for deployment, info in deployments.items())
-        states[name] = f"{app.get('status', '?')}" + (f" ({parts})" if parts else "")
-    return states
 
 
 def reach_lines(settings: Settings) -> list[str]:

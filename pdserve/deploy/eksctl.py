@@ -10,8 +10,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
+
 from pdserve.config import EksSpec, Settings
 from pdserve.deploy.rayservice import GPU_RESOURCE
+from pdserve.deploy.steps import Readiness
 from pdserve.errors import ConfigError, DeployError
 from pdserve.role import Role
 
@@ -21,6 +24,15 @@ GPU_NODE_GROUP = "gpu"
 # pod that requests a GPU the toleration by itself, and nothing else lands on the GPU nodes.
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 GPU_TAINT = {"key": GPU_RESOURCE, "value": "true", "effect": "NoSchedule"}
+# Every container on an AL2023 node gets the rlimits of containerd's base runtime spec, which sets only
+# RLIMIT_NOFILE (amazon-eks-ami, nodeadm/internal/containerd/base-runtime-spec.json), so memlock stays at
+# the runtime's small default; capabilities such as IPC_LOCK are not effective for the Ray images' non-root
+# user. NIXL pins the KV buffer (GiBs) and libfabric its own buffers: the GPU nodes raise memlock for every
+# container through nodeadm's NodeConfig (spec.containerd.baseRuntimeSpec, merged over the default spec;
+# lists replace, so NOFILE is repeated at the AMI's values). nodeadm merges the spec through float64, where
+# RLIM_INFINITY (2^64-1) would round past uint64: 2^63-1 bytes is "unlimited" for any buffer.
+MEMLOCK_BYTES = 2**63 - 1
+NOFILE_LIMITS = {"soft": 65536, "hard": 1048576}
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +84,10 @@ def cluster_config(settings: Settings, zones: Zones) -> dict[str, Any]:
     for the Ray head, and an EFA GPU node group labelled for the engine pools. Raises ConfigError
     when the two pools ask for different values of one node label."""
     eks = settings.eks
+    asking = [role.value for role in Role if settings.pool(role).placement.efa_devices]
+    if asking and not eks.efa:
+        raise ConfigError(f"{asking[0]}.placement.efa_devices asks for EFA but eks.efa is false: the GPU node group "
+                          "would offer none and the engine pods would never be scheduled")
     return {
         "apiVersion": "eksctl.io/v1alpha5",
         "kind": "ClusterConfig",
@@ -86,9 +102,25 @@ def cluster_config(settings: Settings, zones: Zones) -> dict[str, Any]:
              "availabilityZones": [zones.gpu], "labels": gpu_node_labels(settings), "taints": [GPU_TAINT],
              "volumeSize": eks.gpu_volume_gib, "efaEnabled": eks.efa,
              # an instance with EFA interfaces cannot take a public address: its nodes reach out via NAT
-             "privateNetworking": eks.efa},
+             "privateNetworking": eks.efa, **_memlock_bootstrap(eks)},
         ],
     }
+
+
+def gpu_node_config() -> dict[str, Any]:
+    """nodeadm's NodeConfig that lifts RLIMIT_MEMLOCK for every container on a GPU node (AL2023)."""
+    rlimits = [{"type": "RLIMIT_NOFILE", **NOFILE_LIMITS},
+               {"type": "RLIMIT_MEMLOCK", "soft": MEMLOCK_BYTES, "hard": MEMLOCK_BYTES}]
+    return {"apiVersion": "node.eks.aws/v1alpha1", "kind": "NodeConfig",
+            "spec": {"containerd": {"baseRuntimeSpec": {"process": {"rlimits": rlimits}}}}}
+
+
+def _memlock_bootstrap(eks: EksSpec) -> dict[str, str]:
+    """On AL2023, eksctl takes ``overrideBootstrapCommand`` as a NodeConfig and adds it to the node group's
+    user data beside EKS's own (eksctl pkg/nodebootstrap/al2023.go), so the kubelet's settings stay EKS's."""
+    if not eks.efa:
+        return {}
+    return {"amiFamily": "AmazonLinux2023", "overrideBootstrapCommand": yaml.safe_dump(gpu_node_config(), sort_keys=False)}
 
 
 def gpu_node_labels(settings: Settings) -> dict[str, str]:
@@ -135,3 +167,33 @@ def _zones_by_type(offerings_json: str) -> dict[str, list[str]]:
     for instance_type, zone in sorted(pairs):
         zones.setdefault(instance_type, []).append(zone)
     return zones
+
+
+# EKS DescribeNodegroup's statuses (aws-sdk-go-v2 service/eks/types NodegroupStatus).
+NODE_GROUP_ACTIVE = "ACTIVE"
+_NODE_GROUP_BUSY = ("CREATING", "UPDATING", "DELETING")
+
+
+def node_group_state(output_json: str, *, eks: EksSpec, name: str) -> Readiness:
+    """Done when ``eksctl get nodegroup --name NAME -o json`` (a JSON array of summaries, exit 0 for a node
+    group in any state: eksctl pkg/actions/nodegroup/get.go) shows it ACTIVE; a node group that failed,
+    or is being changed by someone else, stops ``cloud up`` with what to do."""
+    try:
+        statuses = [str(summary.get("Status", "")) for summary in json.loads(output_json) if summary.get("Name") == name]
+    except (json.JSONDecodeError, AttributeError, TypeError) as exc:
+        raise DeployError(f"unexpected output from eksctl get nodegroup: {exc!r}") from exc
+    if not statuses:
+        return Readiness(is_ready=False, summary="absent")
+    status = statuses[0]
+    if status == NODE_GROUP_ACTIVE:
+        return Readiness(is_ready=True, summary=status)
+    where = f"--cluster {eks.cluster_name} --region {eks.region}"
+    if status in _NODE_GROUP_BUSY:
+        return Readiness(is_ready=False, summary=status, blocker=(
+            f"node group {name} is {status}: another eksctl or the console is changing it. Wait until "
+            f"`eksctl get nodegroup {where} --name {name}` shows {NODE_GROUP_ACTIVE}, then run `pdserve cloud up` again"))
+    return Readiness(is_ready=False, summary=status, blocker=(
+        f"node group {name} exists but is {status}, so its nodes cannot be relied on. Read why with `aws eks "
+        f"describe-nodegroup --cluster-name {eks.cluster_name} --nodegroup-name {name} --region {eks.region} --query "
+        f"nodegroup.health`, fix the cause (quota, capacity in the zone, subnets), remove it with `eksctl delete "
+        f"nodegroup {where} --name {name} --wait`, then run `pdserve cloud up` again"))

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from pdserve.config import PoolSpec, Settings
+from pdserve.config import KVTransferSpec, PoolSpec, Settings
 from pdserve.deploy.k8s_names import (
     GATEWAY_PORT_NAME,
     RAY_HEAD_PORTS,
@@ -23,6 +23,7 @@ from pdserve.deploy.k8s_names import (
 )
 from pdserve.deploy.monitoring import dashboard_config_map, engine_pod_monitor, gateway_pod_monitor
 from pdserve.deploy.rayservice import rayservice
+from pdserve.engines.kv_link import has_gpudirect
 from pdserve.errors import ConfigError
 from pdserve.role import Role
 
@@ -32,7 +33,9 @@ HEAD_RESOURCE = "head"  # the Ray custom resource only the head offers, unless r
 def kubernetes_settings(settings: Settings) -> Settings:
     """The configuration as the cluster runs it; the RayService's Serve config carries exactly this.
 
-    - EFA on the pools: NIXL moves KV over its LIBFABRIC backend (UCX does not drive EFA).
+    - EFA on the pools: NIXL moves KV over its LIBFABRIC backend (UCX does not drive EFA), and the KV
+      buffer lives where ``eks.gpu_instance_type``'s EFA reads it: GPU memory on P-series, host memory
+      elsewhere (a pod cannot tell: the EKS AMI loads its peermem module only on demand).
     - The gateway binds 0.0.0.0, so its Service reaches it from outside the head pod.
     - A pool without custom resources asks for ``{<role>: 1}``, which only its worker group
       offers; a gateway without them asks for ``{head: 1}``, which only the head offers.
@@ -45,7 +48,7 @@ def kubernetes_settings(settings: Settings) -> Settings:
     gateway_resources = settings.ray.gateway_resources or {HEAD_RESOURCE: 1.0}
     return settings.model_copy(update={
         **pools,
-        "kv": settings.kv.model_copy(update={"backends": ["LIBFABRIC"]}) if efa else settings.kv,
+        "kv": _efa_kv(settings) if efa else settings.kv,
         "gateway": settings.gateway.model_copy(update={"host": "0.0.0.0"}),
         "ray": settings.ray.model_copy(update={"gateway_resources": gateway_resources}),
     })
@@ -55,7 +58,9 @@ def render_manifests(settings: Settings) -> list[dict[str, Any]]:
     """Namespace, RayService, the gateway's Service and, unless turned off, the PodMonitors of the
     gateway and the engines and the Grafana dashboard's ConfigMap (deploy/monitoring.py)."""
     cluster = kubernetes_settings(settings)
-    objects = [namespace(cluster), rayservice(cluster), gateway_service(cluster)]
+    objects = [namespace(cluster), rayservice(cluster)]
+    if cluster.kubernetes.upgrade == "recreate":  # else KubeRay's head Service fronts the gateway
+        objects.append(gateway_service(cluster))
     if cluster.kubernetes.pod_monitor:
         objects += [gateway_pod_monitor(cluster), engine_pod_monitor(cluster)]
     if cluster.kubernetes.grafana_dashboard:
@@ -65,7 +70,7 @@ def render_manifests(settings: Settings) -> list[dict[str, Any]]:
 
 def render_yaml(settings: Settings) -> str:
     """Every object as one multi-document YAML stream, ready for ``kubectl apply -f -``."""
-    return "---\n".join(_to_yaml(obj) for obj in render_manifests(settings))
+    return "---\n".join(to_yaml(obj) for obj in render_manifests(settings))
 
 
 def write_manifests(settings: Settings, out_dir: Path) -> list[Path]:
@@ -74,7 +79,7 @@ def write_manifests(settings: Settings, out_dir: Path) -> list[Path]:
     paths = []
     for index, obj in enumerate(render_manifests(settings)):
         path = out_dir / f"{index * 10:02d}-{obj['kind'].lower()}.yaml"
-        path.write_text(_to_yaml(obj))
+        path.write_text(to_yaml(obj))
         paths.append(path)
     return paths
 
@@ -124,6 +129,14 @@ def _is_efa_on(settings: Settings) -> bool:
     return bool(with_efa)
 
 
+def _efa_kv(settings: Settings) -> KVTransferSpec:
+    kv = settings.kv
+    buffer = kv.buffer_device
+    if buffer == "auto":
+        buffer = "cuda" if has_gpudirect(settings.eks.gpu_instance_type) else "cpu"
+    return kv.model_copy(update={"backends": ["LIBFABRIC"], "buffer_device": buffer})
+
+
 def _placed_pool(settings: Settings, role: Role) -> PoolSpec:
     pool = settings.pool(role)
     if pool.placement.resources:
@@ -143,5 +156,6 @@ def _represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
 _BlockStyleDumper.add_representer(str, _represent_str)
 
 
-def _to_yaml(obj: dict[str, Any]) -> str:
+def to_yaml(obj: dict[str, Any]) -> str:
+    """One object as YAML in the order built, multi-line strings as ``|`` blocks."""
     return yaml.dump(obj, Dumper=_BlockStyleDumper, sort_keys=False)

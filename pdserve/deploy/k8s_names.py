@@ -18,6 +18,7 @@ RAY_TOKEN_SECRET_KEY = "auth_token"
 # The gateway's access keys (docs/reliability.md): client keys comma-separated, and the admin key.
 API_KEYS_SECRET_KEYS = {"PDSERVE_API_KEYS": "api_keys", "PDSERVE_ADMIN_KEY": "admin_key"}
 HEAD_COMPONENT = "head"
+HF_TOKEN_SECRET_KEY = "token"
 
 
 def object_labels(spec: KubernetesSpec, component: str) -> dict[str, str]:
@@ -54,6 +55,13 @@ def api_keys_secret_name(spec: KubernetesSpec) -> str:
     return f"{spec.name}-api-keys"
 
 
+def hf_token_secret_name(spec: KubernetesSpec) -> str:
+    """The Secret the user may create with a Hugging Face token under ``HF_TOKEN_SECRET_KEY``."""
+    return f"{spec.name}-hf-token"
+
+
 def gateway_service_name(spec: KubernetesSpec) -> str:
-    """The ClusterIP Service in front of the gateway's OpenAI port."""
-    return f"{spec.name}-gateway"
+    """The Service in front of the gateway's OpenAI port: pdserve's ClusterIP Service, or with
+    ``upgrade: new_cluster`` KubeRay's head Service, which KubeRay moves to a new cluster only once its
+    Serve app runs (and which carries every port of the head container, ``openai`` included)."""
+    return f"{spec.name}-head-svc" if spec.upgrade == "new_cluster" else f"{spec.name}-gateway"

@@ -8,11 +8,10 @@ from __future__ import annotations
 from importlib import resources
 from typing import Any
 
-from pdserve.config import Settings
+from pdserve.config import KubernetesSpec, Settings
 from pdserve.deploy.k8s_names import (
     ENGINE_PORT_NAME,
     GATEWAY_PORT_NAME,
-    gateway_service_name,
     head_selector,
     object_labels,
     object_metadata,
@@ -39,7 +38,7 @@ def gateway_pod_monitor(settings: Settings) -> dict[str, Any]:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": object_metadata(spec, gateway_service_name(spec), "gateway"),
+        "metadata": _monitor_metadata(spec, f"{spec.name}-gateway", "gateway"),
         "spec": {"selector": {"matchLabels": head_selector(spec)}, "podMetricsEndpoints": [endpoint]},
     }
 
@@ -59,9 +58,17 @@ def engine_pod_monitor(settings: Settings) -> dict[str, Any]:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": object_metadata(spec, f"{spec.name}-engines", "engines"),
+        "metadata": _monitor_metadata(spec, f"{spec.name}-engines", "engines"),
         "spec": {"selector": selector, "podMetricsEndpoints": [endpoint]},
     }
+
+
+def _monitor_metadata(spec: KubernetesSpec, name: str, component: str) -> dict[str, object]:
+    """A PodMonitor's metadata with ``kubernetes.monitor_labels``: the Prometheus Operator picks up only the
+    PodMonitors its Prometheus selects (kube-prometheus-stack: ``release: <its Helm release>``)."""
+    metadata = object_metadata(spec, name, component)
+    metadata["labels"] = {**object_labels(spec, component), **spec.monitor_labels}
+    return metadata
 
 
 def dashboard_config_map(settings: Settings) -> dict[str, Any]:

@@ -7,6 +7,7 @@ pool's replicas ask for, so Serve can put a replica nowhere else.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -16,9 +17,11 @@ from pdserve.deploy.k8s_names import (
     ENGINE_PORT_NAME,
     GATEWAY_PORT_NAME,
     HEAD_COMPONENT,
+    HF_TOKEN_SECRET_KEY,
     RAY_HEAD_PORTS,
     RAY_TOKEN_SECRET_KEY,
     api_keys_secret_name,
+    hf_token_secret_name,
     object_labels,
     object_metadata,
     ray_token_secret_name,
@@ -29,27 +32,49 @@ from pdserve.role import Role
 GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 SHM_VOLUME = "dshm"
+CACHE_VOLUME = "model-cache"
+CACHE_MOUNT = "/mnt/pdserve-cache"
+# The Ray images run as user ray (uid 1000, group users): a hostPath directory kubelet creates is root's.
+RAY_USER = "1000:100"
+# A hash of the pods' spec on the RayService: `cloud up` replaces a RayService whose pods changed, since
+# KubeRay's upgradeStrategy None leaves its cluster as it is (ray-operator rayservice_controller.go).
+PODS_HASH_ANNOTATION = "pdserve.io/pods-hash"
+UPGRADE_STRATEGIES = {"recreate": "None", "new_cluster": "NewCluster"}
+# How often the engine's /health is asked, and how many misses make the pod NotReady.
+READINESS_PERIOD_S = 5
+READINESS_FAILURES = 3
 
 
 def rayservice(settings: Settings) -> dict[str, Any]:
     """The RayService for ``settings`` (already derived by ``k8s.kubernetes_settings``)."""
     spec = settings.kubernetes
+    cluster = {
+        "rayVersion": spec.ray_version,
+        "enableInTreeAutoscaling": False,  # Serve replica counts come from the pools
+        # The operator needs the token too: it reads Serve's status from the dashboard.
+        "authOptions": {"mode": "token", "secretName": ray_token_secret_name(spec)},
+        "headGroupSpec": _head_group(settings),
+        "workerGroupSpecs": [_worker_group(settings, role) for role in Role],
+    }
+    metadata = object_metadata(spec, spec.name, "rayservice")
+    metadata["annotations"] = {PODS_HASH_ANNOTATION: pods_hash(cluster)}
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayService",
-        "metadata": object_metadata(spec, spec.name, "rayservice"),
+        "metadata": metadata,
         "spec": {
+            # KubeRay's default, NewCluster, starts a second cluster beside the first and moves over once it
+            # serves: with fixed GPU node groups its engine pods are never scheduled and the upgrade hangs.
+            "upgradeStrategy": {"type": UPGRADE_STRATEGIES[spec.upgrade]},
             "serveConfigV2": serve_config_yaml(settings),
-            "rayClusterConfig": {
-                "rayVersion": spec.ray_version,
-                "enableInTreeAutoscaling": False,  # Serve replica counts come from the pools
-                # The operator needs the token too: it reads Serve's status from the dashboard.
-                "authOptions": {"mode": "token", "secretName": ray_token_secret_name(spec)},
-                "headGroupSpec": _head_group(settings),
-                "workerGroupSpecs": [_worker_group(settings, role) for role in Role],
-            },
+            "rayClusterConfig": cluster,
         },
     }
+
+
+def pods_hash(cluster: dict[str, Any]) -> str:
+    """A short digest of a rayClusterConfig: equal digests, the same pods."""
+    return hashlib.sha256(json.dumps(cluster, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def ray_resources_param(resources: dict[str, float]) -> str:
@@ -88,18 +113,25 @@ def _worker_group(settings: Settings, role: Role) -> dict[str, Any]:
         "name": "ray-worker",
         "image": spec.image,
         "imagePullPolicy": "IfNotPresent",
-        "env": [*_ray_auth_env(spec), *_engine_env(pool)],
+        "env": [*_ray_auth_env(spec), *_engine_env(pool), *_hf_token_env(spec), *_cache_env(spec)],
         # One engine per pod, so its replica binds the pool's base_port (ray/engine_replica.py).
         "ports": [{"name": ENGINE_PORT_NAME, "containerPort": pool.base_port}],
         "resources": _resources(cpus=placement.cpus, memory_gib=placement.memory_gib, devices=_devices(pool)),
-        "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
-        # NIXL registers (pins) the KV cache with the NIC; IPC_LOCK lifts the memlock limit on it.
-        "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
+        "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}, *_cache_mounts(spec)],
+        # Without a probe of its own, KubeRay 1.6 gives a RayService worker one on Serve's proxy
+        # (localhost:8000/-/healthz), which runs on the head only here: the pod would never be Ready.
+        # Ready means what this pod is for: its engine answers.
+        "readinessProbe": {"httpGet": {"path": "/health", "port": ENGINE_PORT_NAME},
+                           "periodSeconds": READINESS_PERIOD_S, "timeoutSeconds": READINESS_PERIOD_S,
+                           "failureThreshold": READINESS_FAILURES},
     }
     pod: dict[str, Any] = {
         "containers": [container],
-        "volumes": [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": _memory(spec.shm_gib)}}],
+        "volumes": [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": _memory(spec.shm_gib)}},
+                    *_cache_volumes(spec)],
     }
+    if spec.model_cache_path:
+        pod["initContainers"] = [_cache_owner(spec)]
     if placement.node_labels:
         pod["nodeSelector"] = dict(placement.node_labels)
     if pool.device == "cuda":
@@ -118,6 +150,37 @@ def _ray_auth_env(spec: KubernetesSpec) -> list[dict[str, Any]]:
     """Ray's token auth on every node; set here too so KubeRay versions without authOptions carry it."""
     token = {"secretKeyRef": {"name": ray_token_secret_name(spec), "key": RAY_TOKEN_SECRET_KEY}}
     return [{"name": "RAY_AUTH_MODE", "value": "token"}, {"name": "RAY_AUTH_TOKEN", "valueFrom": token}]
+
+
+def _hf_token_env(spec: KubernetesSpec) -> list[dict[str, Any]]:
+    """A Hugging Face token for gated or private weights, from an optional Secret (absent: anonymous)."""
+    token = {"secretKeyRef": {"name": hf_token_secret_name(spec), "key": HF_TOKEN_SECRET_KEY, "optional": True}}
+    return [{"name": "HF_TOKEN", "valueFrom": token}]
+
+
+def _cache_env(spec: KubernetesSpec) -> list[dict[str, Any]]:
+    """Weights and vLLM's compile cache on the node's disk, where a replaced pod finds them."""
+    if not spec.model_cache_path:
+        return []
+    return [{"name": "HF_HOME", "value": f"{CACHE_MOUNT}/huggingface"},
+            {"name": "VLLM_CACHE_ROOT", "value": f"{CACHE_MOUNT}/vllm"}]
+
+
+def _cache_mounts(spec: KubernetesSpec) -> list[dict[str, Any]]:
+    return [{"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT}] if spec.model_cache_path else []
+
+
+def _cache_volumes(spec: KubernetesSpec) -> list[dict[str, Any]]:
+    if not spec.model_cache_path:
+        return []
+    return [{"name": CACHE_VOLUME, "hostPath": {"path": spec.model_cache_path, "type": "DirectoryOrCreate"}}]
+
+
+def _cache_owner(spec: KubernetesSpec) -> dict[str, Any]:
+    """Hands the node's cache directory (created by the kubelet, owned by root) to the image's user."""
+    return {"name": "cache-owner", "image": spec.image, "imagePullPolicy": "IfNotPresent",
+            "command": ["chown", RAY_USER, CACHE_MOUNT], "securityContext": {"runAsUser": 0},
+            "volumeMounts": [{"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT}]}
 
 
 def _gateway_keys_env(spec: KubernetesSpec) -> list[dict[str, Any]]:

@@ -52,7 +52,7 @@ def run_plan(steps: Sequence[Step], *, progress: Progress) -> None:
     require_tools(plan_tools(steps))
     for index, step in enumerate(steps, start=1):
         label = _label(step, index=index, total=len(steps))
-        if step.done_check and _succeeds(step.done_check):
+        if _is_done(step):
             progress(f"{label} skipped (already done)")
             continue
         if step.only_if and not _succeeds(step.only_if):
@@ -74,8 +74,11 @@ def print_plan(steps: Sequence[Step], *, progress: Progress) -> None:
         label = _label(step, index=index, total=len(steps))
         indent = " " * (len(label) + 1)
         progress(f"{label} {shlex.join(step.argv)}")
+        if step.about:
+            progress(f"{indent}{step.about}")
         if step.done_check:
-            progress(f"{indent}skipped when this succeeds: {shlex.join(step.done_check)}")
+            judged = " and its output says done" if step.done_when else ""
+            progress(f"{indent}skipped when this succeeds{judged}: {shlex.join(step.done_check)}")
         if step.only_if:
             progress(f"{indent}run only if this succeeds: {shlex.join(step.only_if)}")
         if step.poll is not None:
@@ -106,6 +109,23 @@ def capture(argv: Sequence[str], *, what: str, timeout_s: float = CHECK_TIMEOUT_
     return result.stdout
 
 
+def _is_done(step: Step) -> bool:
+    """Whether ``done_check`` (and ``done_when`` on its output) says the step's work is done; a
+    state that a re-run cannot fix (a node group that failed to create) stops the plan."""
+    if not step.done_check:
+        return False
+    if step.done_when is None:
+        return _succeeds(step.done_check)
+    try:
+        output = capture(step.done_check, what=f"step {step.name}'s check")
+    except DeployError:
+        return False
+    verdict = step.done_when(output)
+    if verdict.blocker:
+        raise DeployError(f"step {step.name}: {verdict.blocker}")
+    return verdict.is_ready
+
+
 def _label(step: Step, *, index: int, total: int) -> str:
     return f"[{index:>{len(str(total))}}/{total}] {step.name:<18}"
 
@@ -127,7 +147,7 @@ def _execute(step: Step, *, label: str, progress: Progress) -> None:
         while True:
             try:
                 # communicate() may be called again after a timeout; the input is sent only once
-                _, stderr = process.communicate(step.stdin, timeout=HEARTBEAT_S)
+                stdout, stderr = process.communicate(step.stdin, timeout=HEARTBEAT_S)
                 break
             except subprocess.TimeoutExpired:
                 elapsed_s = time.monotonic() - started_s
@@ -138,6 +158,9 @@ def _execute(step: Step, *, label: str, progress: Progress) -> None:
                 progress(f"{label} still running ({elapsed_s:.0f}s)")
     if process.returncode != 0:
         raise DeployError(_failure(f"step {step.name}", step.argv, process.returncode, stderr))
+    problem = step.check_output(stdout) if step.check_output else ""
+    if problem:
+        raise DeployError(f"step {step.name}: {problem}")
 
 
 def _wait_until_ready(step: Step, poll: Poll, *, label: str, progress: Progress) -> None:
@@ -148,6 +171,9 @@ def _wait_until_ready(step: Step, poll: Poll, *, label: str, progress: Progress)
         if readiness.is_ready:
             progress(f"{label} ready: {readiness.summary}")
             return
+        if readiness.blocker:
+            raise DeployError(f"step {step.name}: {readiness.blocker}\n(where it stood after {elapsed_s:.0f}s: "
+                              f"{readiness.summary})")
         if elapsed_s > poll.timeout_s:
             raise DeployError(f"step {step.name}: not ready after {poll.timeout_s:.0f}s "
                               f"({readiness.summary}); `pdserve cloud status` shows where it stands")

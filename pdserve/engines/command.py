@@ -61,6 +61,7 @@ def build_engine_command(
         *needs.args,
         *_tracing_args(otlp_traces_endpoint),
         *_cpu_executor_args(pool),
+        *_gpu_memory_args(pool),
         *pool.extra_args,
     ]
     env = {
@@ -88,7 +89,7 @@ def build_engine_command(
     if otlp_traces_endpoint:
         env[OTLP_PROTOCOL_ENV] = "http/protobuf"  # vLLM's default is gRPC; one URL serves gateway and engines
     if "LIBFABRIC" in kv.backends:
-        env.update(libfabric_env(libfabric_provider(kv, pool, link)[0], device=pool.device, buffer=buffer))
+        env.update(libfabric_env(libfabric_provider(kv, pool, link)[0]))
     env.update(needs.env)
     env.update(pool.env)
     return EngineCommand(argv=argv, env=env, notes=kv_notes(kv, pool, link=link, buffer=buffer, env=env))
@@ -131,6 +132,15 @@ def _cpu_executor_args(pool: PoolSpec) -> list[str]:
     """vLLM's "uni" executor for a CPU engine of one worker; a pool's extra_args can name another."""
     is_one_worker = pool.tensor_parallel_size == 1
     return ["--distributed-executor-backend", "uni"] if pool.device == "cpu" and is_one_worker else []
+
+
+def _gpu_memory_args(pool: PoolSpec) -> list[str]:
+    """The pool's typed GPU-memory settings as vLLM flags (the reference serves a 9B model on a 24 GB L4
+    with both: 0.90 of the GPU, no CUDA graphs)."""
+    args = ["--enforce-eager"] if pool.enforce_eager else []
+    if pool.gpu_memory_utilization is not None:
+        args += ["--gpu-memory-utilization", str(pool.gpu_memory_utilization)]
+    return args
 
 
 def _tracing_args(otlp_traces_endpoint: str) -> list[str]:

@@ -15,6 +15,12 @@ from pathlib import Path
 from pdserve.config import KVTransferSpec, PoolSpec
 
 SYS_ROOT = Path("/sys")
+# Kernel modules that let an RDMA NIC read GPU memory without dma-buf: NVIDIA's, and the one the EKS
+# AL2023 NVIDIA AMI ships for EFA (efa-nv-peermem; amazon-eks-ami templates/al2023/provisioners/install-efa.sh).
+PEERMEM_MODULES = ("nvidia_peermem", "efa_nv_peermem")
+# EC2 families whose EFA reads GPU memory in place (GPUDirect RDMA): the P-series from p4d on. Other EFA
+# instances (g6, g6e, ...) have RDMA read (EC2 User Guide, efa.html) but stage KV in host memory.
+GPUDIRECT_FAMILIES = ("p4d", "p4de", "p5", "p5e", "p5en", "p6")
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +28,7 @@ class HostLink:
     """This host's network devices and GPU-memory access, as seen from sysfs and NIXL's files."""
 
     efa_devices: tuple[str, ...] = ()  # /sys/class/infiniband devices bound to the efa driver
-    has_peermem: bool = False  # nvidia_peermem loaded: RDMA NICs can read GPU memory
+    has_peermem: bool = False  # a peermem module loaded (PEERMEM_MODULES): RDMA NICs can read GPU memory
     ucx_has_cuda: bool = True  # NIXL's UCX ships its cuda transports (libuct_cuda)
 
 
@@ -33,12 +39,13 @@ class BufferChoice:
 
 
 def probe_host_link(sys_root: Path = SYS_ROOT, ucx_dirs: tuple[Path, ...] | None = None) -> HostLink:
-    """Read this host's EFA devices, nvidia_peermem and NIXL's UCX transports (files only, no CUDA)."""
+    """Read this host's EFA devices, peermem modules and NIXL's UCX transports (files only, no CUDA)."""
     devices = sys_root / "class" / "infiniband"
     efa = tuple(sorted(device.name for device in (devices.iterdir() if devices.is_dir() else ())
                        if (device / "device" / "driver").resolve().name == "efa"))
     dirs = _nixl_ucx_dirs() if ucx_dirs is None else ucx_dirs
-    return HostLink(efa_devices=efa, has_peermem=(sys_root / "module" / "nvidia_peermem").is_dir(),
+    has_peermem = any((sys_root / "module" / module).is_dir() for module in PEERMEM_MODULES)
+    return HostLink(efa_devices=efa, has_peermem=has_peermem,
                     ucx_has_cuda=not dirs or any(any(d.glob("libuct_cuda*.so*")) for d in dirs))
 
 
@@ -68,15 +75,22 @@ def libfabric_provider(kv: KVTransferSpec, pool: PoolSpec, link: HostLink) -> tu
     return "tcp", "no EFA device on this host"
 
 
-def libfabric_env(provider: str, *, device: str, buffer: BufferChoice) -> dict[str, str]:
-    """Environment of an engine whose KV moves over NIXL's LIBFABRIC backend."""
+def has_gpudirect(instance_type: str) -> bool:
+    """Whether an EC2 instance type's EFA reads GPU memory in place (``p5.48xlarge`` yes, ``g6.8xlarge`` no)."""
+    family = instance_type.partition(".")[0]
+    return family in GPUDIRECT_FAMILIES or family.startswith("p6")
+
+
+def libfabric_env(provider: str) -> dict[str, str]:
+    """Environment of an engine whose KV moves over NIXL's LIBFABRIC backend.
+
+    FI_EFA_USE_DEVICE_RDMA stays unset: libfabric then uses the device's RDMA read wherever it has it
+    (NIXL asks for API 1.18; prov/efa efa_rdm_get_use_device_rdma), where 0 would emulate every read."""
     env = {"FI_PROVIDER": provider}
     if provider == "efa":
-        # vLLM forks its workers after libfabric may have registered memory; EFA needs fork-safe
-        # registration, and device RDMA only where GPU memory is read in place.
+        # vLLM forks its workers after libfabric may have registered memory: fork-safe registration
+        # (a no-op on kernels from 5.13, which copy registered pages on fork; man fi_efa).
         env["FI_EFA_FORK_SAFE"] = "1"
-        if device == "cuda":
-            env["FI_EFA_USE_DEVICE_RDMA"] = "1" if buffer.device == "cuda" else "0"
     return env
 
 
@@ -91,8 +105,8 @@ def choose_buffer_device(kv: KVTransferSpec, pool: PoolSpec, link: HostLink) -> 
         if provider != "efa":
             return BufferChoice("cpu", f"libfabric's {provider} provider cannot read GPU memory")
         if not link.has_peermem:
-            return BufferChoice("cpu", "EFA without GPUDirect RDMA (nvidia_peermem not loaded)")
-        return BufferChoice("cuda", "EFA with GPUDirect RDMA (nvidia_peermem loaded)")
+            return BufferChoice("cpu", "EFA without GPUDirect RDMA (no peermem module loaded)")
+        return BufferChoice("cuda", "EFA with GPUDirect RDMA (a peermem module loaded)")
     if not link.ucx_has_cuda:
         return BufferChoice("cpu", "NIXL's UCX has no cuda transports")
     return BufferChoice("cuda", "NIXL's UCX has cuda transports (cuda_ipc on one host)")

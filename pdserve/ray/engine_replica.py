@@ -30,6 +30,7 @@ from ray.serve.exceptions import RayServeException
 from pdserve.config import EngineSpec, Settings, parse_settings
 from pdserve.engines.command import build_engine_command, split_cpus
 from pdserve.engines.drain import read_load, wait_until_idle
+from pdserve.engines.host_checks import check_engine_host, read_memlock_limit
 from pdserve.engines.kv_link import probe_host_link
 from pdserve.engines.kv_path import KvPathLog
 from pdserve.engines.launcher import EngineProcess, bring_up
@@ -64,11 +65,16 @@ class EngineReplica:
                                     cpus=sorted(os.sched_getaffinity(0)))
         model_path = await resolve_model(settings, progress=log.info)
         layout = await resolve_layout(model_path, progress=log.info)
+        link, python = probe_host_link(), settings.launch.python or sys.executable
         command = build_engine_command(
             self._spec, model=settings.model, model_path=model_path, layout=layout, kv=settings.kv,
-            python=settings.launch.python or sys.executable, host=self._spec.host, cpu_bind=cpu_bind,
-            link=probe_host_link(), otlp_traces_endpoint=settings.gateway.otlp_traces_endpoint,
+            python=python, host=self._spec.host, cpu_bind=cpu_bind,
+            link=link, otlp_traces_endpoint=settings.gateway.otlp_traces_endpoint,
         )
+        # Fails the replica with one PREFLIGHT_PREFIX line (Serve's message, `cloud status`) before vLLM runs.
+        checked = await check_engine_host(self._spec.pool, kv=settings.kv, env=command.env, link=link, python=python,
+                                          memlock_limit_bytes=read_memlock_limit())
+        log.info("preflight ok: %s", checked)
         log_path = settings.engine_log_dir.resolve() / f"{self._spec.name}-{self._spec.instance}.log"
         self._engine = EngineProcess(self._spec, command, log_path=log_path)
         self._kv_path_log = KvPathLog(log_path)  # the engine may run on another node than `pdserve verify`

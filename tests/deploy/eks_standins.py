@@ -1,9 +1,22 @@
-"""Stand-ins for eksctl, kubectl, helm and aws: ``python eks_standins.py TOOL ARGS...``.
+"""Stand-ins for eksctl, kubectl, helm and aws: ``python eks_standins.py TOOL ARGS...``, over one small
+model of an EKS cluster kept in the JSON file $STANDIN_STATE.
 
-Each call appends {"tool", "argv", "stdin"} to $STANDIN_LOG and keeps what it "created" in the
-JSON set $STANDIN_STATE, so existence checks (``eksctl get cluster``, ``helm status``, ...) answer
-as a real cluster would and a re-run skips what is done. STANDIN_FAIL="helm upgrade" makes the
-call whose tool is ``helm`` and whose arguments contain ``upgrade`` (in order) fail with exit 1.
+Each call appends {"tool", "argv", "words", "stdin"} to $STANDIN_LOG. The model behaves as the real tools
+and controllers do where pdserve once got them wrong; the source of each behaviour is cited where it is
+modelled:
+- eksctl builds node groups from the ClusterConfig on stdin, labels and taints their nodes, and installs
+  the EFA device plugin (DaemonSet ``aws-efa-k8s-device-plugin``, tolerating only CriticalAddonsOnly and
+  aws.amazon.com/efa) for an efaEnabled group and the NVIDIA device plugin (tolerating each NVIDIA group's
+  taints) for a GPU group (eksctl pkg/addons/assets/*.yaml, pkg/addons/device_plugin.go).
+- ``eksctl get nodegroup`` lists a node group in any state with exit 0, and exits 1 when it is absent
+  (eksctl pkg/actions/nodegroup/get.go). STANDIN_NODEGROUP_FAILS=gpu leaves that group CREATE_FAILED.
+- A DaemonSet runs a pod on a node only where its tolerations cover the node's NoSchedule taints and its
+  node affinity matches; a node offers nvidia.com/gpu and vpc.amazonaws.com/efa only where that device
+  plugin runs (the kubelet's device-plugin API).
+- The scheduler places a pod where its nodeSelector, tolerations and requests fit, else leaves it Pending
+  with a FailedScheduling event in kube-scheduler's words (pkg/scheduler/framework/types.go, FitError).
+- KubeRay 1.6.2 gives a RayService worker without a readinessProbe one on Serve's proxy at :8000, which
+  runs on the head only, so that worker is never Ready (ray-operator/controllers/ray/common/pod.go).
 No pdserve imports: it runs as a separate process, as the real tools would.
 """
 
@@ -14,38 +27,33 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 GATEWAY_METRICS = "".join(  # as the gateway's registry writes them
     f"# TYPE {name}_total counter\n{name}_total{{endpoint=\"http://10.0.3.7:8200\"}} {value}\n"
     for name, value in (("pdserve_engine_kv_transfer_bytes", 4.0e8), ("pdserve_engine_kv_transfer_seconds", 0.2),
                         ("pdserve_engine_kv_transfers", 12.0), ("pdserve_engine_kv_transfer_failures", 0.0))
 )
-RAYSERVICE_READY = {"status": {
-    "conditions": [{"type": "Ready", "status": "True", "reason": "RayServiceReady"}],
-    "activeServiceStatus": {"applicationStatuses": {"pdserve": {"status": "RUNNING", "serveDeploymentStatuses": {
-        "prefill": {"status": "HEALTHY"}, "decode": {"status": "HEALTHY"}, "gateway": {"status": "HEALTHY"}}}}},
-}}
-PODS = {"items": [
-    {"metadata": {"name": "pdserve-head-x7"}, "spec": {"nodeName": "ip-10-0-1-5", "containers": [{}]},
-     "status": {"phase": "Running", "podIP": "10.0.1.9", "containerStatuses": [{"ready": True, "restartCount": 0,
-                                                                              "state": {"running": {}}}]}},
-    {"metadata": {"name": "pdserve-prefill-worker-a1"}, "spec": {"nodeName": "ip-10-0-3-7", "containers": [{}]},
-     "status": {"phase": "Running", "podIP": "10.0.3.7", "containerStatuses": [{"ready": True, "restartCount": 1,
-                                                                              "state": {"running": {}}}]}},
-]}
-NODES = {"items": [
-    {"metadata": {"name": "ip-10-0-1-5", "labels": {"node.kubernetes.io/instance-type": "m7i.xlarge",
-                                                     "topology.kubernetes.io/zone": "us-west-2a"}},
-     "status": {"capacity": {"cpu": "4"}, "conditions": [{"type": "Ready", "status": "True"}]}},
-    {"metadata": {"name": "ip-10-0-3-7", "labels": {"node.kubernetes.io/instance-type": "g6.8xlarge",
-                                                     "topology.kubernetes.io/zone": "us-west-2b"}},
-     "status": {"capacity": {"nvidia.com/gpu": "1", "vpc.amazonaws.com/efa": "1"},
-                "conditions": [{"type": "Ready", "status": "True"}]}},
-]}
 OFFERINGS = {"InstanceTypeOfferings": [
     {"InstanceType": "g6.8xlarge", "Location": "us-west-2d"}, {"InstanceType": "g6.8xlarge", "Location": "us-west-2b"},
     {"InstanceType": "m7i.xlarge", "Location": "us-west-2a"}, {"InstanceType": "m7i.xlarge", "Location": "us-west-2b"},
 ]}
+# (allocatable cpu, memory GiB, NVIDIA GPUs, EFA interfaces) per instance type, from EC2's specifications.
+INSTANCE_TYPES = {"m7i.xlarge": ("3920m", 14, 0, 0), "g6.8xlarge": ("31850m", 120, 1, 1), "g6.xlarge": ("3920m", 14, 1, 0)}
+EFA_PLUGIN = {"kind": "DaemonSet", "metadata": {"name": "aws-efa-k8s-device-plugin", "namespace": "kube-system",
+                                                "labels": {"name": "aws-efa-k8s-device-plugin"}},
+              "spec": {"selector": {"matchLabels": {"name": "aws-efa-k8s-device-plugin"}}, "template": {
+                  "metadata": {"labels": {"name": "aws-efa-k8s-device-plugin"}},
+                  "spec": {"tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"},
+                                           {"key": "aws.amazon.com/efa", "operator": "Exists", "effect": "NoSchedule"}],
+                           "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                               "nodeSelectorTerms": [{"matchExpressions": [{
+                                   "key": "node.kubernetes.io/instance-type", "operator": "In",
+                                   "values": ["g5.8xlarge", "g6.8xlarge", "g6e.8xlarge", "p4d.24xlarge", "p5.48xlarge"]}]}]}}}}}}}
+NVIDIA_PLUGIN_NAME = "nvidia-device-plugin-daemonset"
+DEVICE_PLUGINS = {"aws-efa-k8s-device-plugin": "vpc.amazonaws.com/efa", NVIDIA_PLUGIN_NAME: "nvidia.com/gpu"}
 
 
 def main(tool: str, argv: list[str]) -> int:
@@ -57,66 +65,294 @@ def main(tool: str, argv: list[str]) -> int:
         print(f"Error: simulated failure of {tool} {' '.join(words)}", file=sys.stderr)
         return 1
     state_path = Path(os.environ["STANDIN_STATE"])
-    state = set(json.loads(state_path.read_text())) if state_path.exists() else set()
+    state: dict[str, Any] = json.loads(state_path.read_text()) if state_path.exists() else {}
     code = answer(tool, words, stdin, state)
-    state_path.write_text(json.dumps(sorted(state)))
+    state_path.write_text(json.dumps(state))
     return code
 
 
-def answer(tool: str, words: list[str], stdin: str, state: set[str]) -> int:
-    """What the real tool would do, reduced to the objects ``cloud up`` makes and checks for."""
+def answer(tool: str, words: list[str], stdin: str, state: dict[str, Any]) -> int:
     command = " ".join([tool, *words])
+    if tool == "eksctl":
+        return _eksctl(words, stdin, state)
     if command.startswith("aws ec2 describe-instance-type-offerings"):
         print(json.dumps(OFFERINGS))
     elif command.startswith("kubectl port-forward"):
         return _serve_gateway()
-    elif tool == "kubectl" and words[:2] == ["get", "pods"]:
-        print(json.dumps(PODS))
-    elif tool == "kubectl" and words[:2] == ["get", "nodes"]:
-        print(json.dumps(NODES))
-    elif tool == "kubectl" and words[:2] == ["get", "rayservice"]:
-        if "rayservice" not in state:
-            print('Error from server (NotFound): rayservices.ray.io "pdserve" not found', file=sys.stderr)
-            return 1
-        print(json.dumps(RAYSERVICE_READY))
-    elif tool == "kubectl" and words[:2] == ["apply", "-f"]:
-        state.update(kind.lower() for kind in ("Namespace", "RayService", "Service") if f"kind: {kind}\n" in stdin)
-    elif tool == "kubectl" and words[:2] == ["delete", "-f"]:
-        state.difference_update({"namespace", "rayservice", "service", "secret"})
+    elif tool == "kubectl" and words[0] in ("get", "patch", "apply", "delete", "run", "create"):
+        return _kubectl(words, stdin, state)
     else:
         return _create_get_delete(command, state)
     return 0
 
 
-def _create_get_delete(command: str, state: set[str]) -> int:
-    """Commands that make, look up or remove one named thing; a lookup of a missing one exits 1."""
-    words = command.split()
-    if command.startswith("eksctl create nodegroup"):
-        state.add(f"{words[-1]}-nodes")
-        return 0
-    if command.startswith("eksctl get nodegroup"):
-        return 0 if f"{words[words.index('--name') + 1]}-nodes" in state else 1
+def _eksctl(words: list[str], stdin: str, state: dict[str, Any]) -> int:
+    groups: dict[str, Any] = state.setdefault("nodegroups", {})
+    name = _flag(words, "--name")
+    if words[:2] == ["create", "cluster"]:
+        state["cluster"] = True
+    elif words[:2] == ["get", "cluster"]:
+        return 0 if state.get("cluster") else _error(f"Error: unable to describe cluster control plane: {name} not found")
+    elif words[:2] == ["delete", "cluster"]:
+        for key in ("cluster", "nodegroups", "daemonsets"):
+            state.pop(key, None)
+    elif words[:2] == ["create", "nodegroup"]:
+        return _create_node_group(words[-1], yaml.safe_load(stdin), state)
+    elif words[:2] == ["get", "nodegroup"]:
+        if name not in groups:
+            return _error(f"Error: operation error EKS: DescribeNodegroup, ResourceNotFoundException: No node group "
+                          f"found for name: {name}.")
+        summary = {"Cluster": _flag(words, "--cluster"), "Name": name, "Status": groups[name]["status"], "Type": "managed"}
+        print(json.dumps([summary], indent=4) if _flag(words, "--output") == "json" else f"CLUSTER NODEGROUP STATUS\n"
+              f"{summary['Cluster']} {name} {summary['Status']}")
+    return 0
+
+
+def _create_node_group(name: str, cluster_config: dict[str, Any], state: dict[str, Any]) -> int:
+    """eksctl creates the group and then, in its post-creation tasks, the device plugins it needs."""
+    (group,) = [group for group in cluster_config["managedNodeGroups"] if group["name"] == name]
+    failing = os.environ.get("STANDIN_NODEGROUP_FAILS", "") == name
+    state["nodegroups"][name] = {"status": "CREATE_FAILED" if failing else "ACTIVE", "config": group}
+    if failing:
+        return _error(f"Error: failed to create nodegroups for cluster {cluster_config['metadata']['name']}")
+    daemonsets = state.setdefault("daemonsets", {})
+    if group.get("efaEnabled"):
+        plugin = json.loads(json.dumps(EFA_PLUGIN))  # created or replaced
+        if "STANDIN_EFA_TYPES" in os.environ:  # an eksctl whose manifest predates some EFA instance types
+            (term,) = plugin["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            term["matchExpressions"][0]["values"] = os.environ["STANDIN_EFA_TYPES"].split(",")
+        daemonsets[EFA_PLUGIN["metadata"]["name"]] = plugin
+    if INSTANCE_TYPES[group["instanceType"]][2]:
+        tolerations = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                       *({"key": taint["key"], "value": taint.get("value", "")} for taint in group.get("taints", []))]
+        daemonsets[NVIDIA_PLUGIN_NAME] = {"kind": "DaemonSet", "metadata": {"name": NVIDIA_PLUGIN_NAME},
+                                          "spec": {"template": {"metadata": {"labels": {"name": "nvidia-device-plugin-ds"}},
+                                                                "spec": {"tolerations": tolerations}}}}
+    return 0
+
+
+def _kubectl(words: list[str], stdin: str, state: dict[str, Any]) -> int:
+    namespace = _flag(words, "--namespace") or "default"
+    if words[0] == "run":
+        print(os.environ.get("STANDIN_IMAGE_RAY_VERSION", "2.58.0"))
+    elif words[0] == "patch":
+        return _patch_daemonset(words, state)
+    elif words[0] == "apply":
+        for obj in yaml.safe_load_all(stdin):
+            if obj["kind"] == "Namespace":
+                state.setdefault("namespaces", []).append(obj["metadata"]["name"])
+            elif obj["kind"] == "RayService":
+                state["rayservice"] = obj
+    elif words[0] == "delete":
+        return _delete(words, state)
+    elif words[0] == "create" and words[1] == "secret":
+        state.setdefault("secrets", []).append(words[3])
+    elif words[0] == "get":
+        return _get(words, namespace, state)
+    return 0
+
+
+def _get(words: list[str], namespace: str, state: dict[str, Any]) -> int:
+    positional = _positional(words[1:])
+    kinds, name = positional[0].split(","), (positional[1] if len(positional) > 1 else "")
+    if kinds == ["namespace"]:
+        return 0 if name in state.get("namespaces", []) else _error(f'Error from server (NotFound): namespaces "{name}" not found')
+    if kinds == ["secret"]:
+        return 0 if name in state.get("secrets", []) else _error(f'Error from server (NotFound): secrets "{name}" not found')
+    if kinds == ["crd"]:
+        return 1  # no Prometheus Operator
+    nodes, pods = _nodes(state), _pods(state)
+    items: list[dict[str, Any]] = []
+    for kind in kinds:
+        if kind in ("rayservice", "rayservices"):
+            service = state.get("rayservice")
+            if name and service is None:
+                return _error(f'Error from server (NotFound): rayservices.ray.io "{name}" not found')
+            items += [_with_status(service, pods)] if service else []
+        elif kind == "nodes":
+            items += nodes
+        elif kind in ("daemonset", "daemonsets"):
+            found = state.get("daemonsets", {}) if namespace == "kube-system" else {}
+            if name and name not in found:
+                return _error(f'Error from server (NotFound): daemonsets.apps "{name}" not found')
+            items += [found[name]] if name else list(found.values())
+        elif kind == "pods":
+            items += [pod for pod in _plugin_pods(state, nodes) + pods if pod["metadata"]["namespace"] == namespace]
+        elif kind == "events":
+            items += [event for pod in pods if (event := _scheduling_event(pod))]
+    print(json.dumps(items[0] if name else {"kind": "List", "items": items}))
+    return 0
+
+
+def _patch_daemonset(words: list[str], state: dict[str, Any]) -> int:
+    name = words[words.index("daemonset") + 1]
+    daemonset = state.get("daemonsets", {}).get(name)
+    if daemonset is None:
+        return _error(f'Error from server (NotFound): daemonsets.apps "{name}" not found')
+    patch = json.loads(_flag(words, "-p"))
+    daemonset["spec"]["template"]["spec"].update(patch["spec"]["template"]["spec"])  # a merge patch replaces lists
+    return 0
+
+
+def _delete(words: list[str], state: dict[str, Any]) -> int:
+    if words[1] == "-f":
+        for key in ("namespaces", "rayservice", "secrets"):
+            state.pop(key, None)
+    elif words[1] == "rayservice":
+        state.pop("rayservice", None)
+    elif words[1] == "secret":
+        state["secrets"] = [secret for secret in state.get("secrets", []) if secret != words[2]]
+    return 0
+
+
+def _nodes(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The nodes of every ACTIVE node group, each offering a device only where its plugin runs."""
+    nodes = []
+    for index, (name, group) in enumerate(sorted(state.get("nodegroups", {}).items())):
+        if group["status"] != "ACTIVE":
+            continue
+        config = group["config"]
+        cpu, memory, gpus, efa = INSTANCE_TYPES[config["instanceType"]]
+        for number in range(config["desiredCapacity"]):
+            labels = {**config.get("labels", {}), "node.kubernetes.io/instance-type": config["instanceType"],
+                      "topology.kubernetes.io/zone": config["availabilityZones"][0], "eks.amazonaws.com/nodegroup": name}
+            node = {"kind": "Node", "metadata": {"name": f"ip-10-0-{index + 1}-{number + 5}", "labels": labels},
+                    "spec": {"taints": config.get("taints", [])},
+                    "status": {"allocatable": {"cpu": cpu, "memory": f"{memory}Gi"}, "capacity": {},
+                               "conditions": [{"type": "Ready", "status": "True"}]}}
+            for plugin, resource in DEVICE_PLUGINS.items():
+                count = {"nvidia.com/gpu": gpus, "vpc.amazonaws.com/efa": efa}[resource]
+                daemonset = state.get("daemonsets", {}).get(plugin)
+                if count and daemonset and _runs_on(daemonset["spec"]["template"]["spec"], node):
+                    node["status"]["allocatable"][resource] = node["status"]["capacity"][resource] = str(count)
+            nodes.append(node)
+    return nodes
+
+
+def _plugin_pods(state: dict[str, Any], nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"kind": "Pod", "metadata": {"name": f"{name}-{node['metadata']['name']}", "namespace": "kube-system",
+                                         "labels": daemonset["spec"]["template"]["metadata"]["labels"]},
+             "spec": {"nodeName": node["metadata"]["name"]}, "status": {"phase": "Running"}}
+            for name, daemonset in state.get("daemonsets", {}).items() for node in nodes
+            if _runs_on(daemonset["spec"]["template"]["spec"], node)]
+
+
+def _pods(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """KubeRay's pods for the RayService, each placed by the scheduler or left Pending."""
+    service = state.get("rayservice")
+    if service is None:
+        return []
+    cluster, namespace = service["spec"]["rayClusterConfig"], service["metadata"]["namespace"]
+    groups = [("head", cluster["headGroupSpec"], 1)] + [
+        (f"{group['groupName']}-worker", group, group["replicas"]) for group in cluster["workerGroupSpecs"]]
+    free = {node["metadata"]["name"]: dict(node["status"]["allocatable"]) for node in _nodes(state)}
+    nodes = {node["metadata"]["name"]: node for node in _nodes(state)}
+    pods = []
+    for group_name, group, replicas in groups:
+        for number in range(replicas):
+            spec = group["template"]["spec"]
+            pod = {"kind": "Pod", "metadata": {"name": f"{service['metadata']['name']}-raycluster-{group_name}-{number}",
+                                               "namespace": namespace, "labels": group["template"]["metadata"]["labels"]},
+                   "spec": {**spec, "nodeName": ""}}
+            _schedule(pod, nodes, free, is_worker=group_name != "head", number=len(pods))
+            pods.append(pod)
+    return pods
+
+
+def _schedule(pod: dict[str, Any], nodes: dict[str, dict[str, Any]], free: dict[str, dict[str, str]], *,
+              is_worker: bool, number: int) -> None:
+    reasons: dict[str, int] = {}
+    (container,) = pod["spec"]["containers"]
+    requests = container["resources"]["requests"]
+    for name, node in sorted(nodes.items()):
+        selector = pod["spec"].get("nodeSelector") or {}
+        if not selector.items() <= node["metadata"]["labels"].items():
+            reason = "node(s) didn't match Pod's node affinity/selector"
+        elif not _runs_on({"tolerations": pod["spec"].get("tolerations", [])}, node):
+            taint = node["spec"]["taints"][0]
+            reason = f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"
+        else:
+            short = [resource for resource, amount in requests.items() if _amount(free[name].get(resource, "0")) < _amount(amount)]
+            if not short:
+                for resource, amount in requests.items():
+                    free[name][resource] = str(_amount(free[name].get(resource, "0")) - _amount(amount))
+                ready = not is_worker or "readinessProbe" in container
+                pod["spec"]["nodeName"] = name
+                pod["status"] = {"phase": "Running", "podIP": ".".join(name.split("-")[1:4]) + f".{100 + number}",
+                                 "conditions": [{"type": "PodScheduled", "status": "True"}],
+                                 "containerStatuses": [{"ready": ready, "restartCount": 0, "state": {"running": {}}}]}
+                return
+            reason = f"Insufficient {short[0]}"
+        reasons[reason] = reasons.get(reason, 0) + 1
+    listed = ", ".join(sorted(f"{count} {reason}" for reason, count in reasons.items()))  # as FitError.Error sorts
+    message = f"0/{len(nodes)} nodes are available: {listed}. preemption: 0/{len(nodes)} nodes are available: " \
+              f"{len(nodes)} Preemption is not helpful for scheduling."
+    pod["status"] = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                                                         "reason": "Unschedulable", "message": message}]}
+
+
+def _scheduling_event(pod: dict[str, Any]) -> dict[str, Any] | None:
+    condition = pod["status"]["conditions"][0]
+    if condition["status"] == "True":
+        return None
+    return {"kind": "Event", "type": "Warning", "reason": "FailedScheduling", "message": condition["message"],
+            "involvedObject": {"kind": "Pod", "name": pod["metadata"]["name"]}, "lastTimestamp": "2026-12-03T10:00:00Z"}
+
+
+def _with_status(service: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any]:
+    """Serve's deployments run once their pods do; KubeRay's Ready follows (numServeEndpoints > 0)."""
+    is_up = bool(pods) and all(pod["status"]["phase"] == "Running" for pod in pods)
+    state = "HEALTHY" if is_up else "UPDATING"
+    deployments = {name: {"status": state} for name in ("prefill", "decode", "gateway")}
+    app = {"status": "RUNNING" if is_up else "DEPLOYING", "serveDeploymentStatuses": deployments}
+    return {**service, "status": {
+        "conditions": [{"type": "Ready", "status": str(is_up), "reason": "NonZeroServeEndpoints" if is_up else "Initializing"}],
+        ("activeServiceStatus" if is_up else "pendingServiceStatus"): {"applicationStatuses": {"pdserve": app}}}}
+
+
+def _runs_on(pod_spec: dict[str, Any], node: dict[str, Any]) -> bool:
+    """Tolerations cover the node's NoSchedule taints and the required node affinity matches."""
+    for taint in node["spec"].get("taints", []):
+        if not any(_tolerates(toleration, taint) for toleration in pod_spec.get("tolerations", [])):
+            return False
+    terms = (((pod_spec.get("affinity") or {}).get("nodeAffinity") or {})
+             .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+    labels = node["metadata"]["labels"]
+    return not terms or any(all(labels.get(expression["key"]) in expression["values"]
+                                for expression in term["matchExpressions"]) for term in terms)
+
+
+def _tolerates(toleration: dict[str, Any], taint: dict[str, Any]) -> bool:
+    if toleration.get("effect") and toleration["effect"] != taint["effect"]:
+        return False
+    if toleration.get("operator") == "Exists":
+        return not toleration.get("key") or toleration["key"] == taint["key"]
+    return bool(toleration.get("key") == taint["key"] and toleration.get("value", "") == taint.get("value", ""))
+
+
+def _amount(value: object) -> float:
+    text = str(value)
+    for suffix, scale in (("m", 1e-3), ("Gi", 2.0**30), ("Mi", 2.0**20)):
+        if text.endswith(suffix):
+            return float(text.removesuffix(suffix)) * scale
+    return float(text)
+
+
+def _create_get_delete(command: str, state: dict[str, Any]) -> int:
+    """aws, helm and kubeconfig commands that make, look up or remove one named thing."""
     things = {
-        "cluster": ("eksctl create cluster", "eksctl get cluster", "eksctl delete cluster"),
         "context": ("aws eks update-kubeconfig", "kubectl config get-contexts", "kubectl config delete-context"),
         "kuberay": ("helm upgrade --install", "helm status", "helm uninstall"),
-        "secret": ("kubectl create secret", "kubectl get secret", "kubectl delete secret"),
-        "namespace": ("", "kubectl get namespace", ""),
     }
     for thing, (create, get, delete) in things.items():
-        if create and command.startswith(create):
-            state.add(thing)
-            return 0
-        if command.startswith(get):
-            return 0 if thing in state else 1
-        if delete and command.startswith(delete):
-            state.difference_update({thing, "system-nodes", "gpu-nodes"} if thing == "cluster" else {thing})
-            return 0
-    if command.startswith("kubectl get") and "daemonset" in words:
-        return 0 if "gpu-nodes" in state else 1
-    if command.startswith("kubectl get crd"):
-        return 1  # no Prometheus Operator
-    return 0  # helm repo add, kubectl patch: nothing to remember
+        if command.startswith(create):
+            state[thing] = True
+        elif command.startswith(get):
+            return 0 if state.get(thing) else 1
+        elif command.startswith(delete):
+            state.pop(thing, None)
+    return 0  # helm repo add: nothing to remember
 
 
 def _serve_gateway() -> int:
@@ -144,6 +380,33 @@ def _serve_gateway() -> int:
     print(f"Forwarding from 127.0.0.1:{server.server_address[1]} -> 9000", flush=True)
     server.serve_forever()
     return 0
+
+
+def _positional(words: list[str]) -> list[str]:
+    """The words that are not flags or flag values (kubectl get's TYPE[,TYPE...] [NAME])."""
+    kept, skip = [], False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in ("--namespace", "-n", "-o", "--output"):
+            skip = True
+        elif not word.startswith("-"):
+            kept.append(word)
+    return kept
+
+
+def _flag(words: list[str], flag: str) -> str:
+    for index, word in enumerate(words):
+        if word == flag and index + 1 < len(words):
+            return words[index + 1]
+        if word.startswith(flag + "="):
+            return word.split("=", 1)[1]
+    return ""
+
+
+def _error(message: str) -> int:
+    print(message, file=sys.stderr)
+    return 1
 
 
 def _without_context(argv: list[str]) -> list[str]:

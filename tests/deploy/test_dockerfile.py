@@ -9,12 +9,13 @@ from pathlib import Path
 from pdserve.config import KubernetesSpec
 
 REPO = Path(__file__).parents[2]
+DOCKERFILE = REPO / "Dockerfile"
 RAY_LLM_IMAGE = re.compile(r"rayproject/ray-llm:(?P<ray_version>\d+\.\d+\.\d+)-py3\d+-cu\d+")
 
 
 def instructions() -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    text = (REPO / "Dockerfile").read_text()
+    text = DOCKERFILE.read_text()
     lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
     joined = re.sub(r"\\\n", " ", "\n".join(lines))
     return [(word.upper(), rest.strip()) for word, _, rest in
@@ -25,13 +26,41 @@ def arguments(name: str) -> list[str]:
     return [rest for word, rest in instructions() if word == name]
 
 
+def arg_defaults() -> dict[str, str]:
+    """The default of every ``ARG NAME=value`` (a bare ``ARG NAME`` only brings one into scope)."""
+    return dict(rest.partition("=")[::2] for rest in arguments("ARG") if "=" in rest)
+
+
+def resolve(text: str) -> str:
+    """``text`` with each ``${NAME}`` replaced by that ARG's default, as a build without --build-arg does."""
+    return re.sub(r"\$\{(\w+)\}", lambda match: arg_defaults()[match[1]], text)
+
+
+def steps(run: str) -> list[tuple[str, str]]:
+    """A RUN's shell commands, each with the separator (``&&``, ``||``, ``;`` or ``""``) before it."""
+    parts = re.split(r"\s*(&&|\|\||;)\s*", run)
+    return list(zip(["", *parts[1::2]], parts[::2], strict=True))
+
+
+def efa_step() -> str:
+    (run,) = [run for run in arguments("RUN") if "efa_installer.sh" in run]
+    return run
+
+
+def first_step(run: str, *words: str) -> int:
+    """The index in ``steps(run)`` of the first command containing every one of ``words``."""
+    found = [index for index, (_, command) in enumerate(steps(run)) if all(word in command for word in words)]
+    assert found, f"no command of the RUN contains {words}"
+    return found[0]
+
+
 def pip_installs() -> list[str]:
     return [command for run in arguments("RUN") for command in re.split(r"&&|\|\|", run) if "pip install" in command]
 
 
 def test_base_image_is_the_ray_llm_image_of_the_default_ray_version() -> None:
     (base,) = arguments("FROM")
-    match = RAY_LLM_IMAGE.fullmatch(base)
+    match = RAY_LLM_IMAGE.fullmatch(resolve(base))
     assert match, f"not a Ray LLM image: {base}"
     assert match["ray_version"] == KubernetesSpec().ray_version, "render k8s would announce another Ray version"
 
@@ -68,9 +97,43 @@ def test_no_secret_is_baked_in() -> None:
 
 
 def test_the_documented_build_tag_is_the_default_image() -> None:
-    assert f"docker build -t {KubernetesSpec().image} ." in (REPO / "Dockerfile").read_text()
+    assert f"docker build -t {KubernetesSpec().image} ." in DOCKERFILE.read_text()
 
 
 def test_build_context_keeps_only_what_the_install_needs() -> None:
     ignored = (REPO / ".dockerignore").read_text().split()
     assert ignored[ignored.index("*") + 1:][:3] == ["!pyproject.toml", "!README.md", "!pdserve/"]
+
+
+def test_build_fails_unless_the_image_has_the_ray_version_render_announces() -> None:
+    assert arg_defaults()["RAY_VERSION"] == KubernetesSpec().ray_version
+    order = [word for word, rest in instructions() if word == "FROM" or (word, rest) == ("ARG", "RAY_VERSION")]
+    assert order == ["FROM", "ARG"], "RUN sees RAY_VERSION only if it is declared again after FROM"
+    assert "io.ray.version=${RAY_VERSION}" in arguments("LABEL")
+    (check,) = [run for run in arguments("RUN") if "ray.__version__" in run]
+    assert "import ray" in check and "'${RAY_VERSION}'" in check and "sys.exit" in check, check
+
+
+def test_efa_installer_version_is_pinned() -> None:
+    assert re.fullmatch(r"\d+\.\d+\.\d+", arg_defaults()["EFA_INSTALLER_VERSION"]), "a rebuild must get the same EFA"
+    assert "latest" not in efa_step()
+
+
+def test_efa_installer_apt_installs_after_apt_get_update_and_leaves_no_apt_lists() -> None:
+    """The base image deletes its apt lists; efa_installer.sh apt-installs pciutils, libnl-3, …"""
+    run = efa_step()
+    update = first_step(run, "apt-get update")
+    installer = first_step(run, "efa_installer.sh")
+    cleanup = first_step(run, "rm -rf", "/var/lib/apt/lists/")
+    assert update < installer < cleanup
+
+
+def test_efa_tarball_is_verified_by_its_signature_before_it_is_unpacked() -> None:
+    run = efa_step()
+    verify = first_step(run, "gpg", "--verify", ".sig")
+    unpack = first_step(run, "tar x")
+    installer = first_step(run, "efa_installer.sh")
+    assert verify < unpack < installer
+    separators = [separator for separator, _ in steps(run)[verify + 1:installer + 1]]
+    assert set(separators) == {"&&"}, "a failed verify must stop the build before the installer runs"
+    assert not re.search(r"[^|]\|\s*tar\b", run), "piping the download into tar unpacks it unverified"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,16 +29,20 @@ decode:
   placement: {node_labels: {pdserve.io/node-role: gpu}, efa_devices: 1}
 gateway: {port: 9000}
 kubernetes: {name: pdserve, namespace: serving}
-eks: {cluster_name: demo, region: us-west-2, gpu_nodes: 2}
+eks: {cluster_name: demo, region: us-west-2, gpu_nodes: 2, ready_timeout_s: 5}
 """
-UP_STEPS = ["cluster", "system-nodes", "gpu-nodes", "kubeconfig", "efa-device-plugin", "helm-repo",
-            "kuberay-operator", "namespace", "ray-token", "manifests", "pod-monitor", "serving"]
+UP_STEPS = ["cluster", "system-nodes", "gpu-nodes", "kubeconfig", "efa-device-plugin", "gpu-nodes-ready",
+            "image-ray-version", "helm-repo", "kuberay-operator", "namespace", "ray-token", "replace-pods", "manifests",
+            "pod-monitor", "serving"]
 DOWN_STEPS = ["kubeconfig", "pod-monitor", "manifests", "ray-token", "kuberay-operator", "cluster", "kube-context"]
 # the commands `up` runs (checks left out), by their leading words without --context
 UP_COMMANDS = [
     "aws ec2 describe-instance-type-offerings", "eksctl create cluster", "eksctl create nodegroup -f - --include system",
-    "eksctl create nodegroup -f - --include gpu", "aws eks update-kubeconfig", "kubectl patch", "helm repo add",
-    "helm upgrade --install", "kubectl apply", "kubectl create secret", "kubectl apply", "kubectl get rayservice",
+    "eksctl create nodegroup -f - --include gpu", "aws eks update-kubeconfig",
+    "kubectl patch --namespace kube-system daemonset aws-efa-k8s-device-plugin --type merge",
+    "kubectl get nodes,daemonsets,pods --namespace kube-system", "kubectl run pdserve-image-check", "helm repo add",
+    "helm upgrade --install", "kubectl apply", "kubectl create secret", "kubectl apply",
+    "kubectl get rayservices,pods,events,nodes",
 ]
 CHECKS = ("get", "status", "get-contexts")
 
@@ -63,8 +68,8 @@ class Standins:
 
 
 def _is_check(tool: str, words: list[str]) -> bool:
-    if tool == "kubectl" and words[:2] == ["get", "rayservice"]:
-        return False  # the wait for the app: a step of its own
+    if tool == "kubectl" and words[:2] in (["get", "rayservices,pods,events,nodes"], ["get", "nodes,daemonsets,pods"]):
+        return False  # the waits for the GPU nodes and for the app: steps of their own
     return (words[0] in CHECKS or words[:2] == ["config", "get-contexts"]) and tool != "aws"
 
 
@@ -102,7 +107,7 @@ def test_up_dry_run_prints_every_command_and_manifest_in_order_and_calls_no_tool
     result = cloud(standins, "up", "--dry-run")
     assert result.exit_code == 0, result.output
     assert list(step_lines(result.output)) == UP_STEPS
-    assert re.findall(r"^\[ *(\d+)/12\]", result.output, flags=re.MULTILINE) == [str(n) for n in range(1, 13)]
+    assert re.findall(r"^\[ *(\d+)/15\]", result.output, flags=re.MULTILINE) == [str(n) for n in range(1, 16)]
     assert "aws ec2 describe-instance-type-offerings" in result.output
     for content in ("kind: ClusterConfig", "efaEnabled: true", "kind: RayService", "kind: Service",
                     "kind: PodMonitor", "helm upgrade --install kuberay-operator kuberay/kuberay-operator"):
@@ -209,8 +214,9 @@ def test_status_shows_pods_on_nodes_gpu_and_efa_the_app_and_gateway_checks(stand
     assert cloud(standins, "up").exit_code == 0
     result = cloud(standins, "status")
     assert result.exit_code == 0, result.output
-    assert re.search(r"pdserve-prefill-worker-a1\s+1/1\s+Running\s+1\s+ip-10-0-3-7\s+10\.0\.3\.7", result.output)
-    assert re.search(r"ip-10-0-3-7\s+g6\.8xlarge\s+us-west-2b\s+Ready\s+1\s+1", result.output)
+    assert re.search(r"pdserve-raycluster-prefill-worker-0\s+1/1\s+Running\s+0\s+ip-10-0-1-5\s+10\.0\.1\.101",
+                     result.output)
+    assert re.search(r"ip-10-0-1-5\s+g6\.8xlarge\s+us-west-2b\s+Ready\s+1\s+1", result.output)
     assert re.search(r"pdserve\s+RUNNING \(prefill HEALTHY, decode HEALTHY, gateway HEALTHY\)", result.output)
     assert re.search(r"pd==local\s+OK\s+3 greedy tokens identical", result.output)
     assert re.search(r"kv-transfers\s+OK\s+http://10\.0\.3\.7:8200: 12 transfers, 400\.0 MB at 2 GB/s", result.output)
@@ -223,3 +229,100 @@ def test_status_before_up_fails_naming_what_is_missing(standins: Standins) -> No
     result = cloud(standins, "status")
     assert result.exit_code == 1
     assert "RayService pdserve failed" in result.stderr and "not found" in result.stderr
+
+
+def test_up_dry_run_shows_the_preflight_the_memlock_bootstrap_the_efa_plugin_and_the_engine_readiness_probe(
+    standins: Standins,
+) -> None:
+    result = cloud(standins, "up", "--dry-run")
+    assert result.exit_code == 0, result.output
+    steps = result.output.split("] gpu-nodes-ready")[1]
+    assert "preflight: each of the 2 GPU nodes offers 1 nvidia.com/gpu and 1 vpc.amazonaws.com/efa" in steps
+    assert "preflight: the image's Ray is kubernetes.ray_version 2.58.0" in steps
+    cluster = result.output.split("] cluster")[1].split("] system-nodes")[0]
+    assert "overrideBootstrapCommand: |" in cluster and "type: RLIMIT_MEMLOCK" in cluster
+    assert "patch --namespace kube-system daemonset aws-efa-k8s-device-plugin --type merge" in result.output
+    manifests = result.output.split("] manifests")[1].split("] pod-monitor")[0]
+    assert manifests.count("readinessProbe:") == 2 and "path: /health" in manifests
+
+
+def test_the_efa_plugin_is_patched_by_its_real_name_so_every_gpu_node_offers_efa_and_the_engines_run(
+    standins: Standins,
+) -> None:
+    result = cloud(standins, "up")
+    assert result.exit_code == 0, result.output
+    assert "ready: 2 GPU nodes, each with 1 nvidia.com/gpu and 1 vpc.amazonaws.com/efa" in result.output
+    status = cloud(standins, "status")
+    assert re.search(r"ip-10-0-1-6\s+g6\.8xlarge\s+us-west-2b\s+Ready\s+1\s+1", status.output)
+    # engine pods are Ready once their engine answers, not on Serve's proxy (which runs on the head only)
+    for role in ("prefill", "decode"):
+        assert re.search(rf"pdserve-raycluster-{role}-worker-0\s+1/1\s+Running", status.output), status.output
+
+
+def test_gpu_nodes_the_efa_plugin_never_runs_on_stop_up_at_the_first_poll_with_the_cause_and_its_fix(
+    standins: Standins, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An eksctl whose EFA plugin manifest predates the instance type: no GPU node ever offers EFA."""
+    monkeypatch.setenv("STANDIN_EFA_TYPES", "g5.8xlarge,p5.48xlarge")
+    started_s = time.monotonic()
+    result = cloud(standins, "up")
+    assert result.exit_code == 1
+    assert time.monotonic() - started_s < 10, "stopped within one poll (10 s), not at a timeout"
+    assert "FailedScheduling: Insufficient vpc.amazonaws.com/efa" in result.stderr
+    assert "node affinity leaves out node ip-10-0-1-5 (g6.8xlarge)" in result.stderr
+    assert "pick an EFA instance type (eks.gpu_instance_type)" in result.stderr
+    assert not [command for command in standins.commands() if command.startswith(("kubectl apply", "helm"))]
+
+
+def test_pods_that_no_node_can_take_stop_the_wait_at_the_first_poll_with_the_scheduler_words_and_a_fix(
+    standins: Standins,
+) -> None:
+    standins.config.write_text(CONFIG.replace("efa_devices: 1}", "efa_devices: 1, memory_gib: 200}"))
+    started_s = time.monotonic()
+    result = cloud(standins, "up")
+    assert result.exit_code == 1
+    assert time.monotonic() - started_s < 10
+    assert ("pod pdserve-raycluster-prefill-worker-0: Pending: 0/3 nodes are available: 1 node(s) didn't match Pod's "
+            "node affinity/selector, 2 Insufficient memory.") in result.stderr
+    assert "the pod requests 200.0Gi of memory but its nodes offer at most 120.0Gi" in result.stderr
+
+
+def test_an_image_carrying_another_ray_stops_up_before_anything_is_applied(
+    standins: Standins, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("STANDIN_IMAGE_RAY_VERSION", "2.54.0")
+    result = cloud(standins, "up")
+    assert result.exit_code == 1
+    assert "has Ray 2.54.0, but kubernetes.ray_version is 2.58.0" in result.stderr
+    assert not [command for command in standins.commands() if command.startswith(("kubectl apply", "helm"))]
+
+
+def test_a_node_group_that_failed_to_create_stops_the_rerun_with_how_to_remove_it(
+    standins: Standins, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("STANDIN_NODEGROUP_FAILS", "gpu")
+    assert cloud(standins, "up").exit_code == 1
+    monkeypatch.delenv("STANDIN_NODEGROUP_FAILS")
+    standins.forget_calls()
+    rerun = cloud(standins, "up")
+    assert rerun.exit_code == 1
+    assert "step gpu-nodes: node group gpu exists but is CREATE_FAILED" in rerun.stderr
+    assert "eksctl delete nodegroup --cluster demo --region us-west-2 --name gpu --wait" in rerun.stderr
+    assert step_lines(rerun.output)["system-nodes"] == ["skipped (already done)"]
+    assert not [command for command in standins.commands() if command.startswith(("kubectl", "helm"))]
+
+
+def test_a_change_of_the_pods_replaces_the_rayservice_and_a_change_of_serve_config_alone_does_not(
+    standins: Standins,
+) -> None:
+    """KubeRay's upgradeStrategy None applies a new Serve config in place but never a new pod spec."""
+    assert cloud(standins, "up").exit_code == 0
+    serve_change = CONFIG + "routing: {disaggregation: auto}\n"
+    pods_change = serve_change.replace("namespace: serving}", "namespace: serving, image: 'pdserve:0.2.0'}")
+    for config, is_replaced in ((CONFIG, False), (serve_change, False), (pods_change, True)):
+        standins.config.write_text(config)
+        standins.forget_calls()
+        result = cloud(standins, "up")
+        assert result.exit_code == 0, result.output
+        replaced = [command for command in standins.commands() if command.startswith("kubectl delete rayservice")]
+        assert bool(replaced) is is_replaced, step_lines(result.output)["replace-pods"]

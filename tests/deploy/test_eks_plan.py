@@ -12,9 +12,10 @@ import pytest
 import yaml
 
 from pdserve.config import Settings, load_settings, parse_settings
-from pdserve.deploy.eks import plan_down, plan_up, rayservice_readiness
+from pdserve.deploy.eks import plan_down, plan_up
 from pdserve.deploy.eksctl import GPU_NODE_GROUP, SYSTEM_NODE_GROUP, choose_zones, cluster_config
 from pdserve.deploy.k8s import render_manifests
+from pdserve.deploy.pod_diagnosis import rayservice_readiness
 from pdserve.deploy.runner import run_plan
 from pdserve.deploy.steps import Poll, Step
 from pdserve.errors import ConfigError, DeployError

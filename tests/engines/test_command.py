@@ -3,10 +3,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from pdserve.config import parse_settings
 from pdserve.engines.command import EngineCommand, build_engine_command, split_cpus
 from pdserve.engines.kv_link import HostLink
 from pdserve.engines.model_layout import Layout, ModelLayout
+from pdserve.errors import ConfigError
 from pdserve_vllm import PROGRESS_DELAY_ENV
 
 NO_RDMA = HostLink()
@@ -118,10 +121,10 @@ def test_gpu_engines_on_efa_without_gpudirect_stage_kv_through_host_memory() -> 
     tree = {"prefill": l4, "decode": l4, "kv": {"backends": ["LIBFABRIC"]}}
     for command in engine_commands(tree, link=HostLink(efa_devices=("rdmap0",))):
         assert kv_config(command)["kv_buffer_device"] == "cpu"
-        assert command.env["FI_PROVIDER"] == "efa" and command.env["FI_EFA_USE_DEVICE_RDMA"] == "0"
-        assert command.notes[0] == "kv buffer cpu: EFA without GPUDirect RDMA (nvidia_peermem not loaded)"
+        assert command.env["FI_PROVIDER"] == "efa" and "FI_EFA_USE_DEVICE_RDMA" not in command.env
+        assert command.notes[0] == "kv buffer cpu: EFA without GPUDirect RDMA (no peermem module loaded)"
     for command in engine_commands(tree, link=HostLink(efa_devices=("rdmap0",), has_peermem=True)):
-        assert kv_config(command)["kv_buffer_device"] == "cuda" and command.env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+        assert kv_config(command)["kv_buffer_device"] == "cuda" and "FI_EFA_USE_DEVICE_RDMA" not in command.env
 
 
 def test_a_provider_pinned_in_the_pool_env_is_the_one_logged() -> None:
@@ -143,3 +146,13 @@ def test_an_otlp_endpoint_makes_each_engine_export_its_spans_there_over_http() -
     assert traced.argv[traced.argv.index("--otlp-traces-endpoint") + 1] == "http://collector:4318/v1/traces"
     assert traced.env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"  # vLLM would speak gRPC
     assert "--otlp-traces-endpoint" not in untraced.argv and "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL" not in untraced.env
+
+
+def test_typed_gpu_memory_settings_become_vllm_flags_and_cpu_pools_refuse_a_gpu_share() -> None:
+    l4 = {"device": "cuda", "gpu_ids": [0], "gpu_memory_utilization": 0.9, "enforce_eager": True}
+    for argv, _env in commands({"prefill": l4, "decode": {**l4, "base_port": 8200}}):
+        assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.9" and "--enforce-eager" in argv
+    for argv, _env in commands({"prefill": {"device": "cuda", "gpu_ids": [0]}, "decode": {}}):
+        assert "--gpu-memory-utilization" not in argv and "--enforce-eager" not in argv  # vLLM's own defaults
+    with pytest.raises(ConfigError, match=r"prefill: Value error, gpu_memory_utilization is for device: cuda"):
+        parse_settings({"prefill": {"gpu_memory_utilization": 0.5}}, source="t")

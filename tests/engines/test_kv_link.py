@@ -9,6 +9,7 @@ from pdserve.engines.kv_link import (
     BufferChoice,
     HostLink,
     choose_buffer_device,
+    has_gpudirect,
     is_efa_asked,
     libfabric_env,
     libfabric_provider,
@@ -42,6 +43,16 @@ def test_probe_finds_efa_devices_peermem_and_ucx_cuda_transports(tmp_path: Path)
     assert bare == HostLink((), has_peermem=False, ucx_has_cuda=True)
 
 
+def test_the_eks_amis_efa_peermem_module_counts_as_gpudirect(tmp_path: Path) -> None:
+    root = fake_sys(tmp_path / "sys", devices={"rdmap16s27": "efa"}, modules=("efa_nv_peermem",))
+    assert probe_host_link(root, ucx_dirs=()).has_peermem
+
+
+def test_gpudirect_is_the_p_series_from_p4d_on() -> None:
+    assert all(has_gpudirect(kind) for kind in ("p4d.24xlarge", "p5.48xlarge", "p5en.48xlarge", "p6-b200.48xlarge"))
+    assert not any(has_gpudirect(kind) for kind in ("g6.8xlarge", "g6e.12xlarge", "g5.48xlarge", "m7i.xlarge"))
+
+
 @pytest.mark.parametrize(
     ("kv", "pool", "link", "expected"),
     [
@@ -49,9 +60,9 @@ def test_probe_finds_efa_devices_peermem_and_ucx_cuda_transports(tmp_path: Path)
         (KVTransferSpec(), GPU, HostLink(), BufferChoice("cuda", "NIXL's UCX has cuda transports (cuda_ipc on one host)")),
         (KVTransferSpec(), GPU, HostLink(ucx_has_cuda=False), BufferChoice("cpu", "NIXL's UCX has no cuda transports")),
         # an L4 node: EFA, but no GPUDirect RDMA
-        (LIBFABRIC, EFA_GPU, HostLink(("rdmap0",)), BufferChoice("cpu", "EFA without GPUDirect RDMA (nvidia_peermem not loaded)")),
+        (LIBFABRIC, EFA_GPU, HostLink(("rdmap0",)), BufferChoice("cpu", "EFA without GPUDirect RDMA (no peermem module loaded)")),
         (LIBFABRIC, EFA_GPU, HostLink(("rdmap0",), has_peermem=True),
-         BufferChoice("cuda", "EFA with GPUDirect RDMA (nvidia_peermem loaded)")),
+         BufferChoice("cuda", "EFA with GPUDirect RDMA (a peermem module loaded)")),
         (LIBFABRIC, GPU, HostLink(has_peermem=True), BufferChoice("cpu", "libfabric's tcp provider cannot read GPU memory")),
         (KVTransferSpec(backends=["LIBFABRIC"], buffer_device="cuda"), GPU, HostLink(),
          BufferChoice("cuda", "set by kv.buffer_device")),
@@ -73,8 +84,7 @@ def test_libfabric_provider_is_efa_where_placed_or_present_else_tcp_unless_named
     assert is_efa_asked(KVTransferSpec(libfabric_provider="efa"), (GPU,))
 
 
-def test_efa_engines_get_fork_safety_and_device_rdma_only_with_a_gpu_buffer() -> None:
-    staged = libfabric_env("efa", device="cuda", buffer=BufferChoice("cpu", "no GPUDirect"))
-    assert staged == {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1", "FI_EFA_USE_DEVICE_RDMA": "0"}
-    assert libfabric_env("efa", device="cuda", buffer=BufferChoice("cuda", "GPUDirect"))["FI_EFA_USE_DEVICE_RDMA"] == "1"
-    assert libfabric_env("tcp", device="cpu", buffer=BufferChoice("cpu", "CPU engine")) == {"FI_PROVIDER": "tcp"}
+def test_efa_engines_get_fork_safety_and_leave_device_rdma_to_libfabric() -> None:
+    """FI_EFA_USE_DEVICE_RDMA=0 would make libfabric emulate every RDMA read, even from host memory."""
+    assert libfabric_env("efa") == {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1"}
+    assert libfabric_env("tcp") == {"FI_PROVIDER": "tcp"}

@@ -15,7 +15,7 @@ UCX_LOG = """2026 NIXL INFO _api.py:405 Backend UCX was instantiated
 [17.7] [vm:1:0]   | 0..8k  | short       | tcp/lo                                |
 """
 LIBFABRIC_LOG = """=== pdserve: starting decode-0: py -m vllm.entrypoints.openai.api_server
-=== pdserve: kv buffer cpu: EFA without GPUDirect RDMA (nvidia_peermem not loaded)
+=== pdserve: kv buffer cpu: EFA without GPUDirect RDMA (no peermem module loaded)
 === pdserve: libfabric provider efa: placement.efa_devices=1
 2026 NIXL INFO _api.py:405 Backend LIBFABRIC was instantiated
 """
@@ -28,7 +28,7 @@ def test_backends_and_read_transports_come_from_engine_logs() -> None:
 def test_libfabric_provider_and_buffer_come_from_pdserves_notes_and_nixls_own_lines() -> None:
     path = kv_path_from_log(LIBFABRIC_LOG)
     assert (path.backends, path.provider, path.buffer_device) == (("LIBFABRIC",), "efa", "cpu")
-    assert path.buffer_reason == "EFA without GPUDirect RDMA (nvidia_peermem not loaded)"
+    assert path.buffer_reason == "EFA without GPUDirect RDMA (no peermem module loaded)"
     # NIXL's debug line names the provider it opened; it wins over the one pdserve asked for.
     opened = LIBFABRIC_LOG + "D1130 libfabric_rail_manager.cpp:88] Successfully created 1 rails using provider=tcp\n"
     assert kv_path_from_log(opened).provider == "tcp"
