@@ -1,5 +1,6 @@
-"""``pdserve cloud status``: pods and their nodes, GPU and EFA per node, the Serve app, and the checks
-the gateway answers through a ``kubectl port-forward``. The engines listen on pod addresses inside
+"""``pdserve cloud status``: pods and their nodes, GPU and EFA per node, the Serve app and why a deployment
+failed, the checks the gateway answers through a ``kubectl port-forward``, and the NIXL backend each
+engine logged (one ``kubectl exec ... grep`` per engine pod). The engines listen on pod addresses inside
 the cluster, so ``pdserve verify``'s engine-to-engine probe cannot run from here and is reported skipped.
 """
 
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -16,17 +17,41 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pdserve.access import load_access_keys
 from pdserve.config import Settings
-from pdserve.deploy.cluster_view import APP_HEADER, NODE_HEADER, POD_HEADER, app_rows, format_table, node_rows, pod_rows
+from pdserve.deploy.cluster_view import (
+    APP_HEADER,
+    NODE_HEADER,
+    POD_HEADER,
+    app_rows,
+    deployment_causes,
+    engine_pods,
+    format_table,
+    node_rows,
+    pod_rows,
+)
 from pdserve.deploy.eks import kubeconfig_argv, kubectl
+from pdserve.deploy.k8s import kubernetes_settings
 from pdserve.deploy.k8s_names import GATEWAY_PORT_NAME, gateway_service_name
 from pdserve.deploy.runner import Progress, capture, require_tools
+from pdserve.engines.kv_path import BUFFER_NOTE, NOTE_PREFIX, PROVIDER_NOTE, KvPath, kv_path_from_log
 from pdserve.errors import DeployError
 from pdserve.gateway.kv_monitor import check_window
 from pdserve.pd.transfer_stats import TransferCounters
 from pdserve.verify.probe import pd_and_local_token_ids
 
 PORT_FORWARD_TIMEOUT_S = 30.0
+EXEC_TIMEOUT_S = 30.0
 CHECK_HEADER = ("CHECK", "RESULT", "DETAIL")
+NIXL_CHECK = "nixl-backend"
+WORKER_CONTAINER = "ray-worker"  # the engine's container in each worker pod (deploy/rayservice.py)
+RAY_TMP = "/tmp/ray/"  # Ray's session logs, where a replica's output lands
+# One extended regex, so one exec per pod reads all of it: NIXL's "Backend %s was instantiated" (its Python
+# API, nixl _api.py), pdserve's notes at the top of each engine log (engines/launcher.py) and NIXL's debug
+# line naming the libfabric provider it opened. Also a valid Python regex, so stand-ins can apply it.
+KV_PATH_PATTERN = "|".join(("Backend [A-Z_]+ was instantiated", f"{NOTE_PREFIX}({BUFFER_NOTE}|{PROVIDER_NOTE}) .*",
+                            "rails? .*provider=[A-Za-z0-9_-]+"))
+# kubectl exec's stderr when the command ran and exited non-zero (it exits with that code too): grep's 1 is
+# "no line matched" and 2 "a path was unreadable"; any other failure is kubectl's own (no such pod, forbidden).
+_GREP_ANSWERED = re.compile(r"command terminated with exit code [12]\b")
 _FORWARDING = re.compile(rb"Forwarding from 127\.0\.0\.1:(\d+)")
 # the gateway's samples of the decode engines' counters (gateway/metrics.py) -> TransferCounters fields
 _KV_SAMPLES = {"pdserve_engine_kv_transfer_bytes_total": "bytes", "pdserve_engine_kv_transfer_seconds_total": "seconds",
@@ -40,9 +65,14 @@ class Check:
     detail: str
 
 
+_ENGINE_PROBE = Check("engine-probe", "SKIPPED", "engines listen inside the cluster only; the KV rows above are "
+                                                 "the decode engines' own counters, read by the gateway")
+
+
 def cloud_status(settings: Settings, *, progress: Progress, timeout_s: float = 120.0) -> bool:
-    """Print the pods, nodes, Serve apps and gateway checks; True when the app serves and every
-    check that ran passed. Raises DeployError when kubectl cannot reach the cluster."""
+    """Print the pods, nodes, Serve apps (with why a deployment failed), the gateway's checks and each
+    engine pod's NIXL backend; True when the app serves and every check that ran passed. Raises
+    DeployError when kubectl cannot reach the cluster."""
     spec = settings.kubernetes
     require_tools({"aws", "kubectl"})
     capture(kubeconfig_argv(settings), what="kubeconfig")
@@ -52,15 +82,24 @@ def cloud_status(settings: Settings, *, progress: Progress, timeout_s: float = 1
     rayservice = capture(kubectl(settings, "get", "rayservice", spec.name, *in_namespace, "-o", "json"),
                          what=f"RayService {spec.name}")
     is_serving, apps = app_rows(rayservice)
-    for table in (format_table(POD_HEADER, pod_rows(pods)), format_table(NODE_HEADER, node_rows(nodes)),
-                  format_table(APP_HEADER, apps)):
+    app_table = "\n".join([format_table(APP_HEADER, apps), *deployment_causes(rayservice)])
+    for table in (format_table(POD_HEADER, pod_rows(pods)), format_table(NODE_HEADER, node_rows(nodes)), app_table):
         progress(table + "\n")
     if not is_serving:
         progress("not serving yet: gateway checks skipped")
         return False
-    checks = asyncio.run(_checks_through_gateway(settings, timeout_s=timeout_s))
+    checks = asyncio.run(_checks(settings, engine_pods(pods, instance=spec.name), timeout_s=timeout_s))
     progress(format_table(CHECK_HEADER, [(check.name, check.result, check.detail) for check in checks]))
     return all(check.result != "FAIL" for check in checks)
+
+
+async def _checks(settings: Settings, engines: Sequence[str], *, timeout_s: float) -> list[Check]:
+    """The gateway's checks and each engine pod's NIXL backend, read side by side."""
+    through_gateway, backends = await asyncio.gather(
+        _checks_through_gateway(settings, timeout_s=timeout_s),
+        asyncio.gather(*(_backend_check(settings, pod, timeout_s=min(timeout_s, EXEC_TIMEOUT_S)) for pod in engines)),
+    )
+    return [*through_gateway, *backends, _ENGINE_PROBE]
 
 
 async def _checks_through_gateway(settings: Settings, *, timeout_s: float) -> list[Check]:
@@ -70,8 +109,6 @@ async def _checks_through_gateway(settings: Settings, *, timeout_s: float) -> li
         checks = [await _health(session, gateway_url), await _pd_matches_local(session, gateway_url, settings,
                                                                                  timeout_s=timeout_s)]
         checks += await _kv_transfers(session, gateway_url, settings)
-    checks.append(Check("engine-probe", "SKIPPED", "engines listen inside the cluster only; the KV rows above "
-                                                   "are the decode engines' own counters, read by the gateway"))
     return checks
 
 
@@ -144,6 +181,78 @@ async def _kv_transfers(session: aiohttp.ClientSession, gateway_url: str, settin
         checks.append(Check("kv-transfers", "FAIL" if warning else "OK", warning or (
             f"{url}: {total.transfers:.0f} transfers, {total.bytes / 1e6:.1f} MB at {total.gbps:.3g} GB/s")))
     return checks
+
+
+async def _backend_check(settings: Settings, pod: str, *, timeout_s: float) -> Check:
+    """``pod``'s nixl-backend row from one ``kubectl exec ... grep``, against the backends the cluster runs with."""
+    expected = kubernetes_settings(settings).kv.backends
+    try:
+        exit_code, stdout, stderr = await _run(backend_grep_argv(settings, pod), timeout_s=timeout_s)
+    except TimeoutError:
+        return Check(NIXL_CHECK, "SKIPPED", f"{pod}: kubectl exec did not finish in {timeout_s:.0f}s")
+    return exec_check(pod, exit_code=exit_code, stdout=stdout, stderr=stderr, expected=expected)
+
+
+def backend_grep_argv(settings: Settings, pod: str) -> tuple[str, ...]:
+    """``kubectl exec`` into ``pod``'s engine container: grep Ray's logs and the engine log dir for the lines
+    that tell the KV path. A relative ``launch.log_dir`` resolves from the container's working directory,
+    where KubeRay runs ``ray start`` and so where the replicas start. ``-a``: a log with a stray NUL is still
+    read as text; ``-s``, ``--devices=skip``: Ray's sockets and unreadable files are neither read nor reported."""
+    spec = settings.kubernetes
+    log_dir = settings.engine_log_dir
+    paths = [RAY_TMP] if log_dir.is_relative_to(RAY_TMP) else [RAY_TMP, str(log_dir)]
+    return kubectl(settings, "exec", "--namespace", spec.namespace, pod, "-c", WORKER_CONTAINER, "--",
+                   "grep", "-rhoaEs", "--devices=skip", KV_PATH_PATTERN, *paths)
+
+
+def exec_check(pod: str, *, exit_code: int, stdout: str, stderr: str, expected: Sequence[str]) -> Check:
+    """Pure: the row for one ``kubectl exec ... grep``. Judged on grep's answer (lines, or exit 1 or 2 when
+    none matched); SKIPPED, saying why, when kubectl never got one, which says nothing of the backend."""
+    if stdout.strip() or _GREP_ANSWERED.search(stderr):
+        return backend_check(pod, stdout, expected=expected)
+    why = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit {exit_code} and no output"
+    return Check(NIXL_CHECK, "SKIPPED", f"{pod}: kubectl exec gave no answer from grep: {why}")
+
+
+def backend_check(pod: str, grep_output: str, *, expected: Sequence[str]) -> Check:
+    """Pure: OK when every backend of ``expected`` (kv.backends as the cluster runs it) was instantiated in
+    ``pod``'s engine, per ``grep_output`` (its log lines ``KV_PATH_PATTERN`` matched); else FAIL naming
+    what was instantiated instead, or that nothing was."""
+    path = kv_path_from_log(grep_output)
+    if all(backend in path.backends for backend in expected):
+        return Check(NIXL_CHECK, "OK", f"{pod}: {_described(path)}")
+    if not path.backends:
+        return Check(NIXL_CHECK, "FAIL", f"{pod}: no NIXL backend was instantiated (no 'Backend ... was "
+                                         "instantiated' line in its logs)")
+    return Check(NIXL_CHECK, "FAIL", f"{pod}: {'+'.join(path.backends)} only: {_fallback_reason(expected, path)}")
+
+
+def _described(path: KvPath) -> str:
+    """``LIBFABRIC (provider efa, kv buffer cpu)``: the backends, then what pdserve noted, where known."""
+    details = [f"provider {path.provider}"] if path.provider else []
+    details += [f"kv buffer {path.buffer_device}"] if path.buffer_device else []
+    return "+".join(path.backends) + (f" ({', '.join(details)})" if details else "")
+
+
+def _fallback_reason(expected: Sequence[str], path: KvPath) -> str:
+    if "LIBFABRIC" in expected and "UCX" in path.backends:
+        return "NIXL fell back to UCX, which runs at TCP speed on EFA"
+    return f"kv.backends asks for {'+'.join(expected)}"
+
+
+async def _run(argv: Sequence[str], *, timeout_s: float) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of a command; raises TimeoutError after ``timeout_s``, the command killed."""
+    process = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
+                                                   stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        async with asyncio.timeout(timeout_s):
+            stdout, stderr = await process.communicate()
+    finally:
+        if process.returncode is None:  # timed out, or the status run was cancelled
+            process.kill()
+            await process.wait()
+    assert process.returncode is not None  # communicate() returned: the process has exited
+    return process.returncode, stdout.decode(errors="replace"), stderr.decode(errors="replace")
 
 
 def kv_counters(metrics_text: str) -> dict[str, TransferCounters]:

@@ -1,4 +1,5 @@
-"""Pure: kubectl's JSON for pods, nodes and the RayService -> the rows ``pdserve cloud status`` prints.
+"""Pure: kubectl's JSON for pods, nodes and the RayService -> the rows ``pdserve cloud status`` prints,
+the engine pods it reads logs from, and why a Serve deployment failed.
 
 No I/O; ``cloud_status.py`` fetches the JSON and prints the tables.
 """
@@ -10,14 +11,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from pdserve.deploy.eksctl import INSTANCE_TYPE_LABEL
-from pdserve.deploy.pod_diagnosis import rayservice_readiness, serve_app_states
+from pdserve.deploy.pod_diagnosis import cause_line, failed_deployments, rayservice_readiness, serve_app_states
 from pdserve.deploy.rayservice import EFA_RESOURCE, GPU_RESOURCE
+from pdserve.role import Role
 
 Row = tuple[str, ...]
 POD_HEADER = ("POD", "READY", "STATUS", "RESTARTS", "NODE", "IP")
 NODE_HEADER = ("NODE", "INSTANCE-TYPE", "ZONE", "READY", "GPU", "EFA")
 APP_HEADER = ("APP", "STATUS")
 _ZONE_LABEL = "topology.kubernetes.io/zone"
+# Serve's state of a deployment whose replicas fail their health checks (an engine that exited or hangs).
+UNHEALTHY = "UNHEALTHY"
+_COMPONENT_LABEL = "app.kubernetes.io/component"
+_INSTANCE_LABEL = "app.kubernetes.io/instance"
 
 
 def pod_rows(pods_json: str) -> list[Row]:
@@ -54,12 +60,46 @@ def app_rows(rayservice_json: str) -> tuple[bool, list[Row]]:
     return readiness.is_ready, rows
 
 
+def deployment_causes(rayservice_json: str) -> list[str]:
+    """One line per Serve deployment that failed (DEPLOY_FAILED) or fails its health checks (UNHEALTHY),
+    with the line of Serve's message that says why: an engine's ``pdserve preflight:`` line when it
+    refused to start. The APP table shows only the state; this is what to fix."""
+    status = json.loads(rayservice_json).get("status") or {}
+    return failed_deployments(status) + _unhealthy_deployments(status)
+
+
+def engine_pods(pods_json: str, *, instance: str) -> list[str]:
+    """Names of the Running prefill and decode worker pods of deployment ``instance`` (kubernetes.name):
+    the pods whose engines have logs to read."""
+    roles = {role.value for role in Role}
+    names = []
+    for pod in json.loads(pods_json).get("items", []):
+        labels = pod["metadata"].get("labels") or {}
+        is_running = (pod.get("status") or {}).get("phase") == "Running"
+        if labels.get(_INSTANCE_LABEL) == instance and labels.get(_COMPONENT_LABEL) in roles and is_running:
+            names.append(str(pod["metadata"]["name"]))
+    return names
+
+
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """kubectl-style: left-aligned columns three spaces apart, upper-case header."""
     table = [tuple(header), *(tuple(row) for row in rows)]
     widths = [max(len(row[column]) for row in table) for column in range(len(header))]
     return "\n".join("   ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
                      for row in table)
+
+
+def _unhealthy_deployments(rayservice_status: dict[str, Any]) -> list[str]:
+    """``failed_deployments``' lines for UNHEALTHY deployments, which Serve keeps replacing (so ``cloud up``
+    waits on them) but which ``cloud status`` should explain all the same."""
+    lines = []
+    for service in ("activeServiceStatus", "pendingServiceStatus"):
+        apps = (rayservice_status.get(service) or {}).get("applicationStatuses") or {}
+        for app_name, app in apps.items():
+            for name, deployment in (app.get("serveDeploymentStatuses") or {}).items():
+                if deployment.get("status") == UNHEALTHY:
+                    lines.append(f"deployment {app_name}/{name} {UNHEALTHY}: {cause_line(deployment.get('message', ''))}")
+    return lines
 
 
 def _pod_state(pod: dict[str, Any]) -> str:

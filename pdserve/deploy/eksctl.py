@@ -88,6 +88,7 @@ def cluster_config(settings: Settings, zones: Zones) -> dict[str, Any]:
     if asking and not eks.efa:
         raise ConfigError(f"{asking[0]}.placement.efa_devices asks for EFA but eks.efa is false: the GPU node group "
                           "would offer none and the engine pods would never be scheduled")
+    _check_room_for_upgrades(settings)
     return {
         "apiVersion": "eksctl.io/v1alpha5",
         "kind": "ClusterConfig",
@@ -105,6 +106,14 @@ def cluster_config(settings: Settings, zones: Zones) -> dict[str, Any]:
              "privateNetworking": eks.efa, **_memlock_bootstrap(eks)},
         ],
     }
+
+
+def _check_room_for_upgrades(settings: Settings) -> None:
+    """KubeRay's NewCluster upgrade runs a second set of engine pods beside the first, one per GPU node."""
+    gpu_pods = sum(settings.pool(role).engines for role in Role if settings.pool(role).device == "cuda")
+    if settings.kubernetes.upgrade == "new_cluster" and settings.eks.gpu_nodes < 2 * gpu_pods:
+        raise ConfigError(f"kubernetes.upgrade: new_cluster starts {gpu_pods} more engine pods during an upgrade, "
+                          f"but eks.gpu_nodes is {settings.eks.gpu_nodes} (needs {2 * gpu_pods}); use recreate")
 
 
 def gpu_node_config() -> dict[str, Any]:

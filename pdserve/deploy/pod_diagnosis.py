@@ -105,10 +105,12 @@ def failed_deployments(rayservice_status: dict[str, Any]) -> list[str]:
 
 def cause_line(message: str) -> str:
     """The line of a Serve replica's failure message that names the cause: pdserve's own (an engine's
-    preflight, an engine that exited) if there is one, else the message's last line."""
+    preflight, an engine that exited, with its log's last line) if there is one, else the message's last line."""
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
     ours = [line for line in lines if "pdserve" in line and ("preflight" in line or "exited" in line)]
-    return (ours or lines or ["(no message)"])[-1]
+    line = (ours or lines or ["(no message)"])[-1]
+    # an engine that exited is named on its line; why it exited is its log's last line, at the end
+    return f"{line} ... {lines[-1]}" if line.endswith("exited:") and line != lines[-1] else line
 
 
 def pod_problems(pods: list[dict[str, Any]], *, events: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> list[PodProblem]:
@@ -155,7 +157,7 @@ def _scheduling_fix(pod: dict[str, Any], reasons: list[str], nodes: list[dict[st
     """The fix when no node could ever take the pod as the cluster stands (fixed node groups), else ''."""
     selector: dict[str, str] = pod["spec"].get("nodeSelector") or {}
     candidates = [node for node in nodes if selector.items() <= node["metadata"].get("labels", {}).items()]
-    if not candidates or all(_NO_MATCH.match(reason) or _UNTOLERATED.match(reason) for reason in reasons):
+    if not candidates or (reasons and all(_NO_MATCH.match(reason) or _UNTOLERATED.match(reason) for reason in reasons)):
         return (f"no node carries the labels {selector} and tolerates the pod: check the pools' placement.node_labels, "
                 "kubernetes.head_node_labels and the node groups' labels and taints")
     requests = _requests(pod)

@@ -17,6 +17,9 @@ modelled:
   with a FailedScheduling event in kube-scheduler's words (pkg/scheduler/framework/types.go, FitError).
 - KubeRay 1.6.2 gives a RayService worker without a readinessProbe one on Serve's proxy at :8000, which
   runs on the head only, so that worker is never Ready (ray-operator/controllers/ray/common/pod.go).
+- ``kubectl exec`` returns the remote command's exit code and says ``command terminated with exit code N``
+  (kubectl pkg/cmd/exec, CodeExitError); an engine pod's log holds pdserve's notes and NIXL's
+  ``Backend X was instantiated`` (nixl src/api/python/_api.py); STANDIN_NIXL_BACKEND names X.
 No pdserve imports: it runs as a separate process, as the real tools would.
 """
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -79,6 +83,8 @@ def answer(tool: str, words: list[str], stdin: str, state: dict[str, Any]) -> in
         print(json.dumps(OFFERINGS))
     elif command.startswith("kubectl port-forward"):
         return _serve_gateway()
+    elif tool == "kubectl" and words[0] == "exec":
+        return _exec(words, state)
     elif tool == "kubectl" and words[0] in ("get", "patch", "apply", "delete", "run", "create"):
         return _kubectl(words, stdin, state)
     else:
@@ -182,6 +188,35 @@ def _get(words: list[str], namespace: str, state: dict[str, Any]) -> int:
         elif kind == "events":
             items += [event for pod in pods if (event := _scheduling_event(pod))]
     print(json.dumps(items[0] if name else {"kind": "List", "items": items}))
+    return 0
+
+
+ENGINE_LOG = """=== pdserve: starting {role}-0: python -m vllm.entrypoints.openai.api_server
+=== pdserve: kv buffer cpu: EFA without GPUDirect RDMA (no peermem module loaded)
+=== pdserve: libfabric provider efa: placement.efa_devices=1
+2026 NIXL INFO _api.py:405 Backend {backend} was instantiated
+"""
+
+
+def _exec(words: list[str], state: dict[str, Any]) -> int:
+    """kubectl exec POD -c C -- grep ... PATTERN PATHS: grep -o over the pod's engine log; grep's exit 1 comes
+    back as kubectl's, with its "command terminated" line (kubectl exec propagates the remote exit code)."""
+    split = words.index("--")
+    options, command = words[:split], words[split + 1:]
+    container = _flag(options, "-c")
+    name = next(word for word in _positional(options[1:]) if word != container)
+    namespace = _flag(options, "--namespace") or "default"
+    pods = {pod["metadata"]["name"]: pod for pod in _pods(state) if pod["metadata"]["namespace"] == namespace}
+    if name not in pods:
+        return _error(f'Error from server (NotFound): pods "{name}" not found')
+    role = pods[name]["metadata"]["labels"].get("app.kubernetes.io/component")
+    backend = os.environ.get("STANDIN_NIXL_BACKEND", "LIBFABRIC")
+    log = ENGINE_LOG.format(role=role, backend=backend) if role in ("prefill", "decode") and backend else ""
+    pattern = next(word for word in command[1:] if not word.startswith("-"))
+    found = [match.group(0) for line in log.splitlines() for match in re.finditer(pattern, line)]
+    if not found:
+        return _error("command terminated with exit code 1")
+    print("\n".join(found))
     return 0
 
 

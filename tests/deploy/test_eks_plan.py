@@ -139,3 +139,19 @@ def test_the_wait_prints_progress_until_ready_and_gives_up_at_its_timeout(tmp_pa
     with pytest.raises(DeployError, match=r"step serving: not ready after 0s \(no Serve application status yet\)"):
         run_plan([Step("serving", never, poll=Poll(check=rayservice_readiness, timeout_s=0.05, interval_s=0.01))],
                  progress=lines.append)
+
+
+def test_the_gpu_nodes_lift_memlock_for_every_container_through_nodeadms_base_runtime_spec() -> None:
+    """The AL2023 AMI's base runtime spec sets only RLIMIT_NOFILE; NIXL must pin GiBs as uid 1000."""
+    settings = eks_settings()
+    config = cluster_config(settings, choose_zones(OFFERINGS, settings.eks))
+    gpu, system = node_group(config, GPU_NODE_GROUP), node_group(config, SYSTEM_NODE_GROUP)
+    node_config = yaml.safe_load(gpu["overrideBootstrapCommand"])
+    assert (gpu["amiFamily"], node_config["apiVersion"], node_config["kind"]) == (
+        "AmazonLinux2023", "node.eks.aws/v1alpha1", "NodeConfig")
+    rlimits = {limit["type"]: limit for limit in node_config["spec"]["containerd"]["baseRuntimeSpec"]["process"]["rlimits"]}
+    assert rlimits["RLIMIT_MEMLOCK"]["soft"] == rlimits["RLIMIT_MEMLOCK"]["hard"] == 2**63 - 1
+    assert float(rlimits["RLIMIT_MEMLOCK"]["hard"]) < 2**64  # survives nodeadm's float64 merge as a uint64
+    assert rlimits["RLIMIT_NOFILE"] == {"type": "RLIMIT_NOFILE", "soft": 65536, "hard": 1048576}  # the AMI's own
+    assert "overrideBootstrapCommand" not in system
+    assert config["metadata"]["version"] == "1.34"  # eksctl's default; 1.31 is past standard support

@@ -1,0 +1,108 @@
+"""The checks ``cloud up`` makes before it applies anything, on kubectl's and eksctl's JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pdserve.config import Settings, load_settings
+from pdserve.deploy.eksctl import cluster_config, node_group_state, unresolved_zones
+from pdserve.deploy.preflight import efa_plugin_tolerations, gpu_nodes_readiness, ray_version_problem
+from pdserve.errors import ConfigError, DeployError
+
+EKS_EXAMPLE = Path(__file__).parents[2] / "examples" / "eks-g6-efa.yaml"
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
+# eksctl's own tolerations for its EFA device plugin (eksctl pkg/addons/assets/efa-device-plugin.yaml)
+EKSCTL_TOLERATIONS = [{"key": "CriticalAddonsOnly", "operator": "Exists"},
+                      {"key": "aws.amazon.com/efa", "operator": "Exists", "effect": "NoSchedule"}]
+EFA_TYPES = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+    {"matchExpressions": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["g6.8xlarge"]}]}]}}}
+
+
+def settings() -> Settings:
+    return load_settings(EKS_EXAMPLE)
+
+
+def gpu_node(name: str, *, gpus: str = "1", efa: str = "1", instance_type: str = "g6.8xlarge") -> dict[str, Any]:
+    labels = {"eks.amazonaws.com/nodegroup": "gpu", "node.kubernetes.io/instance-type": instance_type}
+    return {"kind": "Node", "metadata": {"name": name, "labels": labels}, "spec": {"taints": [GPU_TAINT]},
+            "status": {"allocatable": {"nvidia.com/gpu": gpus, "vpc.amazonaws.com/efa": efa}}}
+
+
+def efa_plugin(tolerations: list[dict[str, str]]) -> dict[str, Any]:
+    return {"kind": "DaemonSet", "metadata": {"name": "aws-efa-k8s-device-plugin"},
+            "spec": {"template": {"spec": {"tolerations": tolerations, "affinity": EFA_TYPES}}}}
+
+
+def plugin_pod(node: str, phase: str = "Running") -> dict[str, Any]:
+    return {"kind": "Pod", "metadata": {"name": f"efa-{node}", "labels": {"name": "aws-efa-k8s-device-plugin"}},
+            "spec": {"nodeName": node}, "status": {"phase": phase}}
+
+
+def readiness(*items: dict[str, Any]) -> Any:
+    return gpu_nodes_readiness(json.dumps({"kind": "List", "items": list(items)}), settings=settings())
+
+
+def test_ready_when_both_gpu_nodes_offer_a_gpu_and_efa_with_the_plugin_running() -> None:
+    result = readiness(efa_plugin(efa_plugin_tolerations()), gpu_node("a"), gpu_node("b"), plugin_pod("a"),
+                       plugin_pod("b"))
+    assert result.is_ready and result.blocker == ""
+    assert result.summary == ("2 GPU nodes, each with 1 nvidia.com/gpu and 1 vpc.amazonaws.com/efa, the EFA device "
+                              "plugin running on each")
+
+
+def test_eksctls_own_tolerations_never_cover_the_gpu_taint_and_that_stops_up_at_once() -> None:
+    result = readiness(efa_plugin(EKSCTL_TOLERATIONS), gpu_node("a", efa="0"), gpu_node("b", efa="0"))
+    assert not result.is_ready
+    assert "does not tolerate the taint nvidia.com/gpu=true:NoSchedule of node a" in result.blocker
+    assert "patch daemonset aws-efa-k8s-device-plugin --type merge" in result.blocker
+
+
+def test_a_plugin_still_starting_and_a_node_not_yet_offering_efa_are_waited_for() -> None:
+    result = readiness(efa_plugin(efa_plugin_tolerations()), gpu_node("a"), gpu_node("b", efa="0"),
+                       plugin_pod("a"), plugin_pod("b", phase="Pending"))
+    assert not result.is_ready and result.blocker == ""
+    assert result.summary == "EFA device plugin on b: Pending; b offers 0 vpc.amazonaws.com/efa of 1"
+    assert readiness(gpu_node("a")).summary == "1/2 GPU nodes registered"
+
+
+def test_an_instance_type_the_plugins_affinity_leaves_out_stops_up() -> None:
+    result = readiness(efa_plugin(efa_plugin_tolerations()), gpu_node("a", instance_type="g6.xlarge"),
+                       gpu_node("b", instance_type="g6.xlarge"))
+    assert "node affinity leaves out node a (g6.xlarge)" in result.blocker
+
+
+def test_the_image_must_carry_the_configured_ray() -> None:
+    assert ray_version_problem("2.58.0\n", settings=settings()) == ""
+    assert "has Ray 2.54.0, but kubernetes.ray_version is 2.58.0" in ray_version_problem("2.54.0", settings=settings())
+    assert "printed no Ray version" in ray_version_problem("ModuleNotFoundError: ray", settings=settings())
+
+
+@pytest.mark.parametrize(("status", "is_done", "blocked"), [
+    ("ACTIVE", True, ""), ("CREATE_FAILED", False, "exists but is CREATE_FAILED"),
+    ("DEGRADED", False, "exists but is DEGRADED"), ("CREATING", False, "is CREATING: another eksctl"),
+])
+def test_a_node_group_is_done_only_when_active(status: str, is_done: bool, blocked: str) -> None:
+    # eksctl get nodegroup -o json prints a JSON array of summaries (pkg/actions/nodegroup/get.go)
+    output = json.dumps([{"Cluster": "pdserve", "Name": "gpu", "Status": status, "Type": "managed"}], indent=4)
+    state = node_group_state(output, eks=settings().eks, name="gpu")
+    assert state.is_ready is is_done and blocked in state.blocker and bool(state.blocker) is bool(blocked)
+
+
+def test_unreadable_eksctl_output_is_a_deploy_error() -> None:
+    with pytest.raises(DeployError, match="unexpected output from eksctl get nodegroup"):
+        node_group_state("CLUSTER NODEGROUP STATUS", eks=settings().eks, name="gpu")
+
+
+def test_configurations_a_cluster_could_never_serve_are_refused_before_anything_runs() -> None:
+    no_efa = load_settings(EKS_EXAMPLE, overrides={"eks.efa": False})
+    with pytest.raises(ConfigError, match="prefill.placement.efa_devices asks for EFA but eks.efa is false"):
+        cluster_config(no_efa, unresolved_zones(no_efa.eks))
+    new_cluster = load_settings(EKS_EXAMPLE, overrides={"kubernetes.upgrade": "new_cluster"})
+    with pytest.raises(ConfigError, match=r"eks.gpu_nodes is 2 \(needs 4\)"):
+        cluster_config(new_cluster, unresolved_zones(new_cluster.eks))
+    roomy = load_settings(EKS_EXAMPLE, overrides={"kubernetes.upgrade": "new_cluster", "eks.gpu_nodes": 4})
+    assert cluster_config(roomy, unresolved_zones(roomy.eks))["managedNodeGroups"][1]["desiredCapacity"] == 4
