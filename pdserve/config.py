@@ -237,6 +237,9 @@ class LaunchSpec(_Frozen):
         "request_id, role, endpoint and timings as fields (--log-format)"))
     max_restarts: int = Field(5, ge=0, description="per engine, before giving up")
     python: str = Field("", description="interpreter for engines; empty = this one")
+    cache_dir: str = Field("", description=(
+        "where engines keep vLLM's compiled model (VLLM_CACHE_ROOT), so a second start loads it instead of "
+        "compiling for minutes; empty = vLLM's own ~/.cache/vllm"))
     engine_host: str = Field("127.0.0.1", description="address engines bind to")
     restart_backoff_s: float = Field(2.0, gt=0, description="first restart delay, doubled each time")
     mps: MpsMode = Field("auto", description=(

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from pdserve.config import KVTransferSpec, PoolSpec, Settings
+from pdserve.config import KVTransferSpec, LaunchSpec, PoolSpec, Settings
 from pdserve.deploy.k8s_names import (
     GATEWAY_PORT_NAME,
     RAY_HEAD_PORTS,
@@ -22,7 +22,7 @@ from pdserve.deploy.k8s_names import (
     object_metadata,
 )
 from pdserve.deploy.monitoring import dashboard_config_map, engine_pod_monitor, gateway_pod_monitor
-from pdserve.deploy.rayservice import rayservice
+from pdserve.deploy.rayservice import COMPILE_CACHE_DIR, rayservice
 from pdserve.engines.kv_link import has_gpudirect
 from pdserve.errors import ConfigError
 from pdserve.role import Role
@@ -37,6 +37,7 @@ def kubernetes_settings(settings: Settings) -> Settings:
       buffer lives where ``eks.gpu_instance_type``'s EFA reads it: GPU memory on P-series, host memory
       elsewhere (a pod cannot tell: the EKS AMI loads its peermem module only on demand).
     - The gateway binds 0.0.0.0, so its Service reaches it from outside the head pod.
+    - Engines keep vLLM's compiled model on the node's cache volume (``kubernetes.model_cache_path``).
     - A pool without custom resources asks for ``{<role>: 1}``, which only its worker group
       offers; a gateway without them asks for ``{head: 1}``, which only the head offers.
 
@@ -50,6 +51,7 @@ def kubernetes_settings(settings: Settings) -> Settings:
         **pools,
         "kv": _efa_kv(settings) if efa else settings.kv,
         "gateway": settings.gateway.model_copy(update={"host": "0.0.0.0"}),
+        "launch": _cached_launch(settings),
         "ray": settings.ray.model_copy(update={"gateway_resources": gateway_resources}),
     })
 
@@ -127,6 +129,13 @@ def _is_efa_on(settings: Settings) -> bool:
         raise ConfigError(f"{role.value}.placement.efa_devices: EFA is on the {role.value} pool only; "
                           "prefill and decode engines need the same KV transport, so set both or neither")
     return bool(with_efa)
+
+
+def _cached_launch(settings: Settings) -> LaunchSpec:
+    """vLLM's compiled model on the node's cache volume, where a replaced engine pod finds it."""
+    if not settings.kubernetes.model_cache_path or settings.launch.cache_dir:
+        return settings.launch
+    return settings.launch.model_copy(update={"cache_dir": COMPILE_CACHE_DIR})
 
 
 def _efa_kv(settings: Settings) -> KVTransferSpec:

@@ -34,6 +34,7 @@ EFA_RESOURCE = "vpc.amazonaws.com/efa"
 SHM_VOLUME = "dshm"
 CACHE_VOLUME = "model-cache"
 CACHE_MOUNT = "/mnt/pdserve-cache"
+COMPILE_CACHE_DIR = f"{CACHE_MOUNT}/vllm"
 # The Ray images run as user ray (uid 1000, group users): a hostPath directory kubelet creates is root's.
 RAY_USER = "1000:100"
 # A hash of the pods' spec on the RayService: `cloud up` replaces a RayService whose pods changed, since
@@ -159,11 +160,10 @@ def _hf_token_env(spec: KubernetesSpec) -> list[dict[str, Any]]:
 
 
 def _cache_env(spec: KubernetesSpec) -> list[dict[str, Any]]:
-    """Weights and vLLM's compile cache on the node's disk, where a replaced pod finds them."""
+    """Weights on the node's disk, where a replaced pod finds them (the compile cache: ``launch.cache_dir``)."""
     if not spec.model_cache_path:
         return []
-    return [{"name": "HF_HOME", "value": f"{CACHE_MOUNT}/huggingface"},
-            {"name": "VLLM_CACHE_ROOT", "value": f"{CACHE_MOUNT}/vllm"}]
+    return [{"name": "HF_HOME", "value": f"{CACHE_MOUNT}/huggingface"}]
 
 
 def _cache_mounts(spec: KubernetesSpec) -> list[dict[str, Any]]:

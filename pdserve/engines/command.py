@@ -19,6 +19,10 @@ from pdserve_vllm import PROGRESS_DELAY_ENV, VLLM_SERVER_MODULE
 CPU_SERVER_MODULE = "pdserve_vllm.engine_server"
 CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # a CPU engine's cores
 OTLP_PROTOCOL_ENV = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+# Where vLLM keeps torch.compile's output (VLLM_CACHE_ROOT/torch_compile_cache); a start that finds it
+# loads the compiled graphs instead of compiling for minutes.
+COMPILE_CACHE_ENV = "VLLM_CACHE_ROOT"
+DEFAULT_COMPILE_CACHE = "~/.cache/vllm"  # vLLM's own default (vllm/envs.py)
 # vLLM's NixlConnector, loaded from pdserve's module that makes its NIXL progress thread pause.
 PROGRESS_CONNECTOR_MODULE = "pdserve_vllm.nixl_progress"
 # The prefill engine only produces KV cache, the decode engine only consumes it.
@@ -36,13 +40,14 @@ class EngineCommand:
 
 def build_engine_command(
     spec: EngineSpec, *, model: ModelSpec, model_path: str, layout: ModelLayout, kv: KVTransferSpec, python: str,
-    host: str, cpu_bind: str, link: HostLink, otlp_traces_endpoint: str = "",
+    host: str, cpu_bind: str, link: HostLink, otlp_traces_endpoint: str = "", compile_cache_dir: str = "",
 ) -> EngineCommand:
     """argv + env for ``spec``. ``cpu_bind`` is VLLM_CPU_OMP_THREADS_BIND for CPU engines; ``layout`` (of the
     model at ``model_path``) adds what a hybrid or multimodal model needs; ``link`` (this host's, from
     ``kv_link.probe_host_link``) decides where the KV buffer lives and the libfabric provider. Raises
     ConfigError when the pool's settings cannot hand that model off. ``otlp_traces_endpoint`` (the
     gateway's, an OTLP/HTTP URL; empty = off) makes the engine export its request spans there too.
+    ``compile_cache_dir`` (``launch.cache_dir``; empty = vLLM's own) is where vLLM keeps its compiled model.
     """
     pool = spec.pool
     needs = engine_needs(layout, spec, dtype=model.dtype)
@@ -86,6 +91,8 @@ def build_engine_command(
             env["OMP_NUM_THREADS"] = str(len(cores))  # else vLLM's uni executor runs one thread, or the host's all
     if delay_us := progress_delay_us(spec, kv):
         env[PROGRESS_DELAY_ENV] = str(delay_us)
+    if compile_cache_dir:
+        env[COMPILE_CACHE_ENV] = compile_cache_dir
     if otlp_traces_endpoint:
         env[OTLP_PROTOCOL_ENV] = "http/protobuf"  # vLLM's default is gRPC; one URL serves gateway and engines
     if "LIBFABRIC" in kv.backends:

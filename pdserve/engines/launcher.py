@@ -22,13 +22,14 @@ from typing import IO
 import aiohttp
 
 from pdserve.config import EngineSpec
-from pdserve.engines.command import CPU_BIND_ENV, EngineCommand
+from pdserve.engines.command import COMPILE_CACHE_ENV, CPU_BIND_ENV, DEFAULT_COMPILE_CACHE, EngineCommand
 from pdserve.engines.cpu_affinity import confine_engine, parse_cpu_list
 from pdserve.engines.kv_path import NOTE_PREFIX
+from pdserve.engines.start_phase import COMPILING, PhaseChange, StartPhaseLog
 from pdserve.errors import EngineStartFailed
 
 _PR_SET_PDEATHSIG = 1
-_PROGRESS_EVERY_S = 10.0
+PROGRESS_EVERY_S = 10.0
 
 
 def _prepare_child(cores: set[int]) -> None:
@@ -84,12 +85,14 @@ class EngineProcess:
     async def wait_ready(
         self, session: aiohttp.ClientSession, *, timeout_s: float, progress: Callable[[str], None]
     ) -> float:
-        """Poll ``/health`` until 200; returns seconds waited. Prints progress every 10 s.
+        """Poll ``/health`` until 200; returns seconds waited. Prints progress every 10 s: the phase of
+        the start (loading weights, compiling, capturing CUDA graphs) and how long it has lasted.
 
         Raises EngineStartFailed when the process exits or ``timeout_s`` passes, quoting the
         end of its log so the cause is on screen.
         """
         started_s = last_report_s = time.monotonic()
+        phases = StartPhaseLog(self.log_path, now_s=started_s)
         url = f"{self.spec.base_url}/health"
         while True:
             if not self.is_running:
@@ -101,10 +104,19 @@ class EngineProcess:
                 async with session.get(url, timeout=aiohttp.ClientTimeout(total=2.0)) as reply:
                     if reply.status == 200:
                         return waited_s
-            if time.monotonic() - last_report_s >= _PROGRESS_EVERY_S:
-                last_report_s = time.monotonic()
-                progress(f"  {self.spec.name:<10} loading  {waited_s:5.0f}s  | {self.log_tail(1)[:100]}")
+            now_s = time.monotonic()
+            phase = phases.read(now_s=now_s)
+            if now_s - last_report_s >= PROGRESS_EVERY_S:
+                last_report_s = now_s
+                progress(f"  {self.spec.name:<10} loading  {waited_s:5.0f}s  | {self._describe(phase, now_s=now_s)}")
             await asyncio.sleep(0.5)
+
+    def _describe(self, phase: PhaseChange, *, now_s: float) -> str:
+        """The phase and its length; while compiling, where the cache goes that spares the next start."""
+        described = f"{phase.phase}, {now_s - phase.at_s:.0f}s so far"
+        if phase.phase == COMPILING:
+            described += f" (cached in {self.command.env.get(COMPILE_CACHE_ENV, DEFAULT_COMPILE_CACHE)} for the next start)"
+        return described
 
     async def stop(self, *, grace_s: float = 20.0) -> None:
         """SIGTERM the engine's process group, SIGKILL it after ``grace_s``; closes the log."""

@@ -208,7 +208,7 @@ class Supervisor:
             spec, model=settings.model, model_path=self._model_path, layout=self._layout, kv=settings.kv,
             python=settings.launch.python or sys.executable, host=settings.launch.engine_host,
             cpu_bind=spec.cpu_threads_bind or cpu_bind, link=self._link,
-            otlp_traces_endpoint=settings.gateway.otlp_traces_endpoint,
+            otlp_traces_endpoint=settings.gateway.otlp_traces_endpoint, compile_cache_dir=settings.launch.cache_dir,
         )
         if self.mps is not None and self.mps.serves(spec):
             command = replace(command, env=command.env | self.mps.env)

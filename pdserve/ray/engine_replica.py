@@ -70,6 +70,7 @@ class EngineReplica:
             self._spec, model=settings.model, model_path=model_path, layout=layout, kv=settings.kv,
             python=python, host=self._spec.host, cpu_bind=cpu_bind,
             link=link, otlp_traces_endpoint=settings.gateway.otlp_traces_endpoint,
+            compile_cache_dir=settings.launch.cache_dir,
         )
         # Fails the replica with one PREFLIGHT_PREFIX line (Serve's message, `cloud status`) before vLLM runs.
         checked = await check_engine_host(self._spec.pool, kv=settings.kv, env=command.env, link=link, python=python,

@@ -232,7 +232,8 @@ def test_engine_pods_keep_weights_and_compile_cache_on_the_node_and_may_read_a_h
     assert pod["volumes"][1] == {"name": "model-cache", "hostPath": {"path": "/var/lib/pdserve/cache",
                                                                      "type": "DirectoryOrCreate"}}
     assert env(group)["HF_HOME"] == "/mnt/pdserve-cache/huggingface"
-    assert env(group)["VLLM_CACHE_ROOT"] == "/mnt/pdserve-cache/vllm"
+    args = yaml.safe_load(render_manifests(eks())[1]["spec"]["serveConfigV2"])["applications"][0]["args"]
+    assert args["launch"]["cache_dir"] == "/mnt/pdserve-cache/vllm"  # vLLM's compiled model, beside the weights
     (owner,) = pod["initContainers"]
     assert owner["command"] == ["chown", "1000:100", "/mnt/pdserve-cache"] and owner["securityContext"] == {"runAsUser": 0}
     assert env(group)["HF_TOKEN"] == {"secretKeyRef": {"name": "pdserve-hf-token", "key": "token", "optional": True}}

@@ -156,3 +156,13 @@ def test_typed_gpu_memory_settings_become_vllm_flags_and_cpu_pools_refuse_a_gpu_
         assert "--gpu-memory-utilization" not in argv and "--enforce-eager" not in argv  # vLLM's own defaults
     with pytest.raises(ConfigError, match=r"prefill: Value error, gpu_memory_utilization is for device: cuda"):
         parse_settings({"prefill": {"gpu_memory_utilization": 0.5}}, source="t")
+
+
+def test_launch_cache_dir_is_where_each_engine_keeps_its_compiled_model() -> None:
+    settings = parse_settings({"launch": {"cache_dir": "/var/cache/pdserve-vllm"}}, source="t")
+    spec = settings.engine_specs()[0]
+    command = build_engine_command(spec, model=settings.model, model_path="/m", kv=settings.kv,
+                                   layout=ModelLayout("/m", Layout.ATTENTION, "test"), python="py", host="127.0.0.1",
+                                   cpu_bind="0", link=NO_RDMA, compile_cache_dir=settings.launch.cache_dir)
+    assert command.env["VLLM_CACHE_ROOT"] == "/var/cache/pdserve-vllm"
+    assert all("VLLM_CACHE_ROOT" not in env for _argv, env in commands({}))  # vLLM's own ~/.cache/vllm
