@@ -23,6 +23,11 @@ DEMO_MODEL_NAME = "pdserve-demo"
 DECODE_BASE_PORT = 8200
 
 
+def yaml_on_off(value: object) -> object:
+    """YAML 1.1 reads a bare on/off as a boolean: back to the word an on|off|auto field takes."""
+    return ("on" if value else "off") if isinstance(value, bool) else value
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -120,6 +125,11 @@ class KVTransferSpec(_Frozen):
     progress_delay_us: int | None = Field(None, ge=0, le=100_000, description=(
         "pause of each engine's NIXL progress thread between rounds, in microseconds; auto = 100 on CPU "
         "engines (NIXL's own 0 spins a core per engine, docs/transport.md), NIXL's 0 on GPU engines"))
+    cross_layer_blocks: Literal["auto", "on", "off"] = Field("auto", description=(
+        "register each KV block across all layers as one NIXL descriptor (vLLM's enable_cross_layers_blocks) "
+        "instead of one per layer; auto = on for GPU engines of attention-only models with the KV buffer in "
+        "GPU memory, where vLLM 0.26 allows it"))
+    _cross_layer_on_off = field_validator("cross_layer_blocks", mode="before")(yaml_on_off)
     load_failure_policy: Literal["recompute", "fail"] = Field("recompute", description=(
         "what a decode engine does when its KV pull fails (vLLM kv_load_failure_policy): recompute the "
         "prompt itself, or fail the request"))
@@ -249,11 +259,7 @@ class LaunchSpec(_Frozen):
     drain_timeout_s: float = Field(300.0, gt=0, description=(
         "`pdserve scale` down: how long a removed engine may finish what it runs before it is stopped anyway"))
 
-    @field_validator("mps", mode="before")
-    @classmethod
-    def _yaml_on_off(cls, value: object) -> object:
-        """YAML reads a bare on/off as a boolean."""
-        return ("on" if value else "off") if isinstance(value, bool) else value
+    _mps_on_off = field_validator("mps", mode="before")(yaml_on_off)
 
 
 # A prefill engine computes a few prompts at a time; a decode engine batches many streams.

@@ -1,7 +1,7 @@
 # Sourced by the GPU scripts: writes a model folder of SHAPE (qwen3-8b or qwen3.5-9b; /tmp/SHAPE, no weights:
 # the engines run with --load-format dummy) and the pdserve config CONFIG (/tmp/pd.yaml) for PREFILL_GPU,
 # DECODE_GPU, MEM (GPU memory share), MPS (auto, on, off), KV_BLOCK (tokens per KV block; unset: pdserve's GPU
-# default, 128), KV_BUFFER (auto, cpu, cuda), ENGINE_ENV (a YAML mapping of extra engine environment, applied
+# default, 128), KV_BUFFER (auto, cpu, cuda), CROSS_LAYER (kv.cross_layer_blocks: auto, on, off), ENGINE_ENV (a YAML mapping of extra engine environment, applied
 # last), PREFILL_ARGS / DECODE_ARGS (extra vLLM args of one pool, as JSON list items: '"--flag", "value"'),
 # PORT (gateway; engines at PORT+100 and PORT+200), SIDE_PORT (first NIXL side channel), LOG_DIR and MODEL_DIR, then
 # validates it, so a bad setting fails here and not after the engines' minutes of start-up.
@@ -24,6 +24,6 @@ prefill: {device: cuda, gpu_ids: [$PREFILL_GPU], base_port: $((PORT + 100)), ext
 decode: {device: cuda, gpu_ids: [$DECODE_GPU], base_port: $((PORT + 200)), extra_args: [$ENGINE${DECODE_ARGS:+, $DECODE_ARGS}], env: ${ENGINE_ENV:-{\}}}
 gateway: {port: $PORT}
 launch: {log_dir: $LOG_DIR, ready_timeout_s: 420, mps: "${MPS:-auto}"}
-kv: {${KV_BLOCK:+block_size: $KV_BLOCK, }buffer_device: ${KV_BUFFER:-auto}, side_channel_base_port: $SIDE_PORT}
+kv: {${KV_BLOCK:+block_size: $KV_BLOCK, }${CROSS_LAYER:+cross_layer_blocks: $CROSS_LAYER, }buffer_device: ${KV_BUFFER:-auto}, side_channel_base_port: $SIDE_PORT}
 YAML
 python3 -m pdserve config validate $CONFIG || return 1

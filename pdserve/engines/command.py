@@ -11,7 +11,8 @@ from pdserve.config import EngineSpec, KVTransferSpec, ModelSpec, PoolSpec
 from pdserve.engines.cpu_affinity import parse_cpu_list
 from pdserve.engines.kv_link import BufferChoice, HostLink, choose_buffer_device, libfabric_env, libfabric_provider
 from pdserve.engines.kv_path import BUFFER_NOTE, PROVIDER_NOTE
-from pdserve.engines.model_layout import ModelLayout, engine_needs
+from pdserve.engines.model_layout import Layout, ModelLayout, engine_needs
+from pdserve.errors import ConfigError
 from pdserve.role import Role
 from pdserve_vllm import PROGRESS_DELAY_ENV, VLLM_SERVER_MODULE
 
@@ -52,6 +53,7 @@ def build_engine_command(
     pool = spec.pool
     needs = engine_needs(layout, spec, dtype=model.dtype)
     buffer = choose_buffer_device(kv, pool, link)
+    is_cross_layer = wants_cross_layer_blocks(kv, pool, layout=layout, buffer_device=buffer.device)
     argv = [
         python, "-m", CPU_SERVER_MODULE if pool.device == "cpu" else VLLM_SERVER_MODULE,
         "--model", model_path,
@@ -61,7 +63,8 @@ def build_engine_command(
         "--max-model-len", str(model.max_model_len),
         "--dtype", model.dtype,
         "--tensor-parallel-size", str(pool.tensor_parallel_size),
-        "--kv-transfer-config", json.dumps(kv_transfer_config(spec, kv, buffer_device=buffer.device)),
+        "--kv-transfer-config", json.dumps(kv_transfer_config(spec, kv, buffer_device=buffer.device,
+                                                              is_cross_layer=is_cross_layer)),
         *_block_size_args(spec, kv),
         *needs.args,
         *_tracing_args(otlp_traces_endpoint),
@@ -97,6 +100,8 @@ def build_engine_command(
         env[OTLP_PROTOCOL_ENV] = "http/protobuf"  # vLLM's default is gRPC; one URL serves gateway and engines
     if "LIBFABRIC" in kv.backends:
         env.update(libfabric_env(libfabric_provider(kv, pool, link)[0]))
+    if is_cross_layer:
+        env[V2_RUNNER_ENV] = "0"
     env.update(needs.env)
     env.update(pool.env)
     return EngineCommand(argv=argv, env=env, notes=kv_notes(kv, pool, link=link, buffer=buffer, env=env))
@@ -163,20 +168,45 @@ def _block_size_args(spec: EngineSpec, kv: KVTransferSpec) -> list[str]:
     return [] if block_size is None else ["--block-size", str(block_size)]
 
 
-def kv_transfer_config(spec: EngineSpec, kv: KVTransferSpec, *, buffer_device: str) -> dict[str, Any]:
+def kv_transfer_config(
+    spec: EngineSpec, kv: KVTransferSpec, *, buffer_device: str, is_cross_layer: bool = False,
+) -> dict[str, Any]:
     """vLLM's ``--kv-transfer-config`` for one engine: unique engine_id, role, buffer device; vLLM's
     connector taken from pdserve's module where its NIXL progress thread is to pause."""
+    extra: dict[str, Any] = {"backends": list(kv.backends)}
+    if is_cross_layer:
+        extra[CROSS_LAYER_KEY] = True
     config = {
         "kv_connector": kv.connector,
         "kv_role": KV_ROLES[spec.role],
         "engine_id": spec.engine_id,
         "kv_buffer_device": buffer_device,
-        "kv_connector_extra_config": {"backends": list(kv.backends)},
+        "kv_connector_extra_config": extra,
         "kv_load_failure_policy": kv.load_failure_policy,
     }
     if progress_delay_us(spec, kv):
         config["kv_connector_module_path"] = PROGRESS_CONNECTOR_MODULE
     return config
+
+
+# vLLM 0.26's NixlConnector registers each KV block across all layers as one descriptor with this
+# extra_config key, on FlashAttention, FlashInfer or Triton attention in the HND layout (its default for
+# NIXL), without Mamba-style layers (kv_connector/v1/nixl/connector.py, prefer_cross_layer_blocks). Its
+# host staging buffer expects per-layer tensors, and its V2 model runner, the default for dense models,
+# registers per layer whatever the key says (v1/worker/gpu/kv_connector.py): V1's runner is asked for.
+# Prefill and decode must agree: it enters NIXL's handshake hash, so pdserve gives both the same.
+CROSS_LAYER_KEY = "enable_cross_layers_blocks"
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+
+
+def wants_cross_layer_blocks(kv: KVTransferSpec, pool: PoolSpec, *, layout: ModelLayout, buffer_device: str) -> bool:
+    """Whether an engine registers cross-layer KV blocks. Raises ConfigError for ``on`` where vLLM cannot."""
+    allowed = pool.device == "cuda" and buffer_device == "cuda" and layout.layout is Layout.ATTENTION
+    if kv.cross_layer_blocks == "on" and not allowed:
+        raise ConfigError(f"kv.cross_layer_blocks: on needs GPU engines with the KV buffer in GPU memory and a model "
+                          f"of attention layers only; here: device {pool.device}, kv buffer {buffer_device}, "
+                          f"{layout.evidence}")
+    return kv.cross_layer_blocks == "on" or (kv.cross_layer_blocks == "auto" and allowed)
 
 
 # NIXL's progress thread spins a core per engine with no pause; 100 us leaves it near idle on CPU

@@ -20,7 +20,11 @@ class Link(StrEnum):
 
 # What each link can move, GB/s. Host memory is measured on the spot instead.
 NOMINAL_GBPS = {
-    Link.SAME_GPU: 1800.0,  # H200 device-to-device copy, measured (shared/gpu/README.md)
+    # What a KV handoff inside one GPU moves over UCX's cuda_ipc when two engines share it under MPS: one
+    # NIXL descriptor per block (and per layer), not one copy. Healthy handoffs of 156-453 MB measured
+    # 120-210 GB/s on an H200; host staging or TCP moves 0.01-4 GB/s (docs/transport.md). Against the
+    # device's own 1,800 GB/s copy, a healthy pair fell under the 10% bar.
+    Link.SAME_GPU: 150.0,
     Link.GPU_TO_GPU: 450.0,  # NVLink 4, one direction
     Link.NETWORK: 12.5,  # 100 Gb/s
 }

@@ -70,3 +70,11 @@ def test_qwen3_5_9b_config_is_read_as_a_hybrid_model(tmp_path: Path) -> None:
 
     assert settings.model.path is not None
     assert read_layout(settings.model.path).layout is Layout.HYBRID
+
+
+def test_verify_h200s_broken_path_is_host_staging_over_tcp_and_cross_layer_is_a_typed_setting(tmp_path: Path) -> None:
+    broken = load_settings(write_gpu_config(tmp_path, shape="qwen3-8b", KV_BUFFER="cpu", CROSS_LAYER="off",
+                                            ENGINE_ENV='{UCX_TLS: "tcp,self"}'))
+    assert broken.kv.buffer_device == "cpu" and broken.kv.cross_layer_blocks == "off"
+    assert broken.decode.env == {"UCX_TLS": "tcp,self"}
+    assert load_settings(write_gpu_config(tmp_path, shape="qwen3-8b")).kv.cross_layer_blocks == "auto"

@@ -166,3 +166,28 @@ def test_launch_cache_dir_is_where_each_engine_keeps_its_compiled_model() -> Non
                                    cpu_bind="0", link=NO_RDMA, compile_cache_dir=settings.launch.cache_dir)
     assert command.env["VLLM_CACHE_ROOT"] == "/var/cache/pdserve-vllm"
     assert all("VLLM_CACHE_ROOT" not in env for _argv, env in commands({}))  # vLLM's own ~/.cache/vllm
+
+
+def test_cross_layer_kv_blocks_where_vllm_allows_them_and_both_engines_agree() -> None:
+    gpu = {"device": "cuda", "gpu_ids": [0]}
+    settings = parse_settings({"prefill": gpu, "decode": {**gpu, "base_port": 8200}}, source="t")
+
+    def built(layout: Layout, *, link: HostLink = NO_RDMA, kv: dict[str, object] | None = None) -> list[EngineCommand]:
+        tuned = parse_settings({"prefill": gpu, "decode": {**gpu, "base_port": 8200}, "kv": kv or {}}, source="t")
+        return [build_engine_command(spec, model=tuned.model, model_path="/m", kv=tuned.kv,
+                                     layout=ModelLayout("/m", layout, "test"), python="py", host="127.0.0.1",
+                                     cpu_bind="0", link=link) for spec in tuned.engine_specs()]
+
+    assert len(settings.engine_specs()) == 2
+    dense = built(Layout.ATTENTION)  # UCX with cuda transports: the KV buffer stays in GPU memory
+    assert all(kv_config(command)["kv_connector_extra_config"]["enable_cross_layers_blocks"] is True
+               for command in dense)
+    assert all(command.env["VLLM_USE_V2_MODEL_RUNNER"] == "0" for command in dense)
+    for command in (*built(Layout.HYBRID), *built(Layout.ATTENTION, link=HostLink(ucx_has_cuda=False)),
+                    *built(Layout.ATTENTION, kv={"cross_layer_blocks": "off"})):
+        assert "enable_cross_layers_blocks" not in kv_config(command)["kv_connector_extra_config"]
+        assert "VLLM_USE_V2_MODEL_RUNNER" not in command.env
+    with pytest.raises(ConfigError, match="kv.cross_layer_blocks: on needs GPU engines with the KV buffer in GPU"):
+        built(Layout.HYBRID, kv={"cross_layer_blocks": "on"})
+    assert all("enable_cross_layers_blocks" not in kv_config(command)["kv_connector_extra_config"]
+               for command in engine_commands({}))  # CPU engines

@@ -4,7 +4,7 @@ from pdserve.config import parse_settings
 from pdserve.engines.kv_path import KvPath
 from pdserve.gateway.kv_monitor import check_window
 from pdserve.pd.transfer_stats import TransferCounters, parse_counters
-from pdserve.verify.checks import Link, classify_link, judge, kv_path_problems
+from pdserve.verify.checks import NOMINAL_GBPS, Link, classify_link, judge, kv_path_problems
 from pdserve.verify.probe import HandoffProbe, probe_token_ids
 
 METRICS = """# TYPE vllm:nixl_bytes_transferred histogram
@@ -110,3 +110,16 @@ def test_gateway_warns_on_slow_or_failed_engine_windows() -> None:
     assert check(TransferCounters()) is None
     # short prompts: 0.1 MB in 5 ms is 0.02 GB/s, but no request waited long for it
     assert check(TransferCounters(bytes=1e5, seconds=0.005, transfers=1)) is None
+
+
+def test_the_same_gpu_bar_passes_every_healthy_cuda_ipc_handoff_and_fails_host_staging() -> None:
+    """Healthy one-GPU handoffs under MPS moved 120-210 GB/s (the run that failed at 162 against 10% of the
+    device copy's 1800 included); host staging moved 3.7 GB/s and UCX over TCP 0.01-0.03 GB/s."""
+    expected = NOMINAL_GBPS[Link.SAME_GPU]
+
+    def verdict(gbps: float) -> bool:
+        counters = TransferCounters(bytes=453e6, seconds=453e6 / (gbps * 1e9), transfers=1, external_tokens=1000)
+        return judge(probe(counters), link=Link.SAME_GPU, expected_gbps=expected, min_fraction=0.1).is_ok
+
+    assert all(verdict(gbps) for gbps in (120.0, 162.0, 210.0))
+    assert not any(verdict(gbps) for gbps in (3.7, 0.03))
