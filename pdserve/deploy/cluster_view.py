@@ -11,7 +11,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from pdserve.deploy.eksctl import INSTANCE_TYPE_LABEL
-from pdserve.deploy.pod_diagnosis import cause_line, failed_deployments, rayservice_readiness, serve_app_states
+from pdserve.deploy.pod_diagnosis import (
+    DEPLOY_FAILED,
+    UNHEALTHY,
+    deployments_in,
+    rayservice_readiness,
+    serve_app_states,
+)
 from pdserve.deploy.rayservice import EFA_RESOURCE, GPU_RESOURCE
 from pdserve.role import Role
 
@@ -21,7 +27,6 @@ NODE_HEADER = ("NODE", "INSTANCE-TYPE", "ZONE", "READY", "GPU", "EFA")
 APP_HEADER = ("APP", "STATUS")
 _ZONE_LABEL = "topology.kubernetes.io/zone"
 # Serve's state of a deployment whose replicas fail their health checks (an engine that exited or hangs).
-UNHEALTHY = "UNHEALTHY"
 _COMPONENT_LABEL = "app.kubernetes.io/component"
 _INSTANCE_LABEL = "app.kubernetes.io/instance"
 
@@ -65,7 +70,7 @@ def deployment_causes(rayservice_json: str) -> list[str]:
     with the line of Serve's message that says why: an engine's ``pdserve preflight:`` line when it
     refused to start. The APP table shows only the state; this is what to fix."""
     status = json.loads(rayservice_json).get("status") or {}
-    return failed_deployments(status) + _unhealthy_deployments(status)
+    return deployments_in(status, states=(DEPLOY_FAILED,)) + deployments_in(status, states=(UNHEALTHY,))
 
 
 def engine_pods(pods_json: str, *, instance: str) -> list[str]:
@@ -87,19 +92,6 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(row[column]) for row in table) for column in range(len(header))]
     return "\n".join("   ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
                      for row in table)
-
-
-def _unhealthy_deployments(rayservice_status: dict[str, Any]) -> list[str]:
-    """``failed_deployments``' lines for UNHEALTHY deployments, which Serve keeps replacing (so ``cloud up``
-    waits on them) but which ``cloud status`` should explain all the same."""
-    lines = []
-    for service in ("activeServiceStatus", "pendingServiceStatus"):
-        apps = (rayservice_status.get(service) or {}).get("applicationStatuses") or {}
-        for app_name, app in apps.items():
-            for name, deployment in (app.get("serveDeploymentStatuses") or {}).items():
-                if deployment.get("status") == UNHEALTHY:
-                    lines.append(f"deployment {app_name}/{name} {UNHEALTHY}: {cause_line(deployment.get('message', ''))}")
-    return lines
 
 
 def _pod_state(pod: dict[str, Any]) -> str:

@@ -32,6 +32,8 @@ _FIXES = {
 }
 # Serve's state of a deployment whose replicas failed to start too often: it does not retry.
 DEPLOY_FAILED = "DEPLOY_FAILED"
+# One whose replicas fail their health checks: Serve keeps replacing them.
+UNHEALTHY = "UNHEALTHY"
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +61,7 @@ def diagnose(list_json: str, *, rayservice_name: str) -> Readiness:
     if readiness.is_ready:
         return readiness
     problems = pod_problems(by_kind.get("Pod", []), events=by_kind.get("Event", []), nodes=by_kind.get("Node", []))
-    failed = failed_deployments(services[0].get("status") or {})
+    failed = deployments_in(services[0].get("status") or {})
     summary = "\n".join([readiness.summary, *(problem.line for problem in problems), *failed])
     final = [problem.line for problem in problems if problem.fix] + failed
     return Readiness(is_ready=False, summary=summary, blocker="\n".join(final))
@@ -91,15 +93,16 @@ def serve_app_states(rayservice_status: dict[str, Any]) -> dict[str, str]:
     return states
 
 
-def failed_deployments(rayservice_status: dict[str, Any]) -> list[str]:
-    """Each Serve deployment that gave up starting, with the line of its message that says why."""
+def deployments_in(rayservice_status: dict[str, Any], *, states: tuple[str, ...] = (DEPLOY_FAILED,)) -> list[str]:
+    """Each Serve deployment in one of ``states``, with the line of its message that says why."""
     lines = []
     for service in ("activeServiceStatus", "pendingServiceStatus"):
         apps = (rayservice_status.get(service) or {}).get("applicationStatuses") or {}
         for app_name, app in apps.items():
             for name, deployment in (app.get("serveDeploymentStatuses") or {}).items():
-                if deployment.get("status") == DEPLOY_FAILED:
-                    lines.append(f"deployment {app_name}/{name} {DEPLOY_FAILED}: {cause_line(deployment.get('message', ''))}")
+                state = deployment.get("status")
+                if state in states:
+                    lines.append(f"deployment {app_name}/{name} {state}: {cause_line(deployment.get('message', ''))}")
     return lines
 
 

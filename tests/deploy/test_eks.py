@@ -95,6 +95,18 @@ def cloud(standins: Standins, *args: str) -> Result:
     return CliRunner().invoke(app, ["cloud", *args, "--config", str(standins.config)])
 
 
+def stopped_up(standins: Standins) -> Result:
+    """``cloud up`` that must stop with an error."""
+    result = cloud(standins, "up")
+    assert result.exit_code == 1, result.output
+    return result
+
+
+def applied_nothing(standins: Standins) -> bool:
+    """No manifest applied and no Helm release made: the plan stopped before the cluster was changed."""
+    return not [command for command in standins.commands() if command.startswith(("kubectl apply", "helm"))]
+
+
 def step_lines(output: str) -> dict[str, list[str]]:
     """Step name -> its progress lines ('[3/12] name  ...')."""
     lines: dict[str, list[str]] = {}
@@ -265,13 +277,12 @@ def test_gpu_nodes_the_efa_plugin_never_runs_on_stop_up_at_the_first_poll_with_t
     """An eksctl whose EFA plugin manifest predates the instance type: no GPU node ever offers EFA."""
     monkeypatch.setenv("STANDIN_EFA_TYPES", "g5.8xlarge,p5.48xlarge")
     started_s = time.monotonic()
-    result = cloud(standins, "up")
-    assert result.exit_code == 1
+    result = stopped_up(standins)
     assert time.monotonic() - started_s < 10, "stopped within one poll (10 s), not at a timeout"
     assert "FailedScheduling: Insufficient vpc.amazonaws.com/efa" in result.stderr
     assert "node affinity leaves out node ip-10-0-1-5 (g6.8xlarge)" in result.stderr
     assert "pick an EFA instance type (eks.gpu_instance_type)" in result.stderr
-    assert not [command for command in standins.commands() if command.startswith(("kubectl apply", "helm"))]
+    assert applied_nothing(standins)
 
 
 def test_pods_that_no_node_can_take_stop_the_wait_at_the_first_poll_with_the_scheduler_words_and_a_fix(
@@ -279,8 +290,7 @@ def test_pods_that_no_node_can_take_stop_the_wait_at_the_first_poll_with_the_sch
 ) -> None:
     standins.config.write_text(CONFIG.replace("efa_devices: 1}", "efa_devices: 1, memory_gib: 200}"))
     started_s = time.monotonic()
-    result = cloud(standins, "up")
-    assert result.exit_code == 1
+    result = stopped_up(standins)
     assert time.monotonic() - started_s < 10
     assert ("pod pdserve-raycluster-prefill-worker-0: Pending: 0/3 nodes are available: 1 node(s) didn't match Pod's "
             "node affinity/selector, 2 Insufficient memory.") in result.stderr
@@ -291,10 +301,8 @@ def test_an_image_carrying_another_ray_stops_up_before_anything_is_applied(
     standins: Standins, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("STANDIN_IMAGE_RAY_VERSION", "2.54.0")
-    result = cloud(standins, "up")
-    assert result.exit_code == 1
-    assert "has Ray 2.54.0, but kubernetes.ray_version is 2.58.0" in result.stderr
-    assert not [command for command in standins.commands() if command.startswith(("kubectl apply", "helm"))]
+    assert "has Ray 2.54.0, but kubernetes.ray_version is 2.58.0" in stopped_up(standins).stderr
+    assert applied_nothing(standins)
 
 
 def test_a_node_group_that_failed_to_create_stops_the_rerun_with_how_to_remove_it(

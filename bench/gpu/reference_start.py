@@ -1,0 +1,90 @@
+"""Does Ray Serve LLM's own PD app start with both engines on one GPU? Deploys ``build_pd_openai_app`` on the
+running local Ray cluster (``reference_h200.sh`` starts it) as its users would write it for a shared GPU, waits
+at most --timeout-s printing each deployment's state every 10 s, sends one chat completion, and writes what
+happened to --out (JSON). Run with the vLLM stage on PYTHONPATH (Ray 2.58, vLLM 0.26).
+
+The settings follow Ray Serve LLM's fractional-GPU guide (doc/source/serve/llm/user-guides/fractional-gpu.md):
+a placement bundle of a GPU fraction and the same fraction in VLLM_RAY_PER_WORKER_GPUS, which vLLM's Ray
+executor asks each worker for (vllm/envs.py, default 1.0). Ray 2.58 computes that variable from the bundle
+but passes it only to helper tasks, not to the replica that starts the engine (ray-project/ray#63875), so
+it goes in each LLMConfig's runtime_env here. Ray Serve LLM refuses any executor but Ray's on GPUs
+(vllm_models.py: "distributed_executor_backend != 'ray' is not allowed").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
+
+GPU_SHARE = 0.45
+POLL_S = 10.0
+
+
+def engine(name: str, *, model_dir: str, served_name: str) -> dict[str, Any]:
+    """One LLMConfig: the engine settings pdserve's GPU scripts give vLLM (bench/gpu/pd_config.sh), a GPU share."""
+    return {
+        "model_loading_config": {"model_id": served_name, "model_source": model_dir},
+        "engine_kwargs": {
+            "max_model_len": 8192, "dtype": "bfloat16", "load_format": "dummy", "gpu_memory_utilization": 0.4,
+            "kv_cache_memory_bytes": 32 * 2**30, "block_size": 128,
+            "kv_transfer_config": {"kv_connector": "NixlConnector", "kv_role": "kv_both", "engine_id": name},
+        },
+        "placement_group_config": {"bundles": [{"GPU": GPU_SHARE, "CPU": 1}]},
+        "deployment_config": {"num_replicas": 1},
+        "runtime_env": {"env_vars": {"VLLM_RAY_PER_WORKER_GPUS": str(GPU_SHARE), "VLLM_DISABLE_COMPILE_CACHE": "1",
+                                     "UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "y"}},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model-dir", required=True)
+    parser.add_argument("--served-name", default="qwen3-8b")
+    parser.add_argument("--timeout-s", type=float, default=420.0)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    config = {"proxy_location": "HeadOnly", "http_options": {"host": "127.0.0.1", "port": 8000}, "applications": [{
+        "name": "reference", "import_path": "ray.serve.llm:build_pd_openai_app", "route_prefix": "/",
+        "args": {"prefill_config": engine("prefill", model_dir=args.model_dir, served_name=args.served_name),
+                 "decode_config": engine("decode", model_dir=args.model_dir, served_name=args.served_name)}}]}
+    client = ServeSubmissionClient("http://127.0.0.1:8265")
+    started_s = time.monotonic()
+    client.deploy_applications(config)
+    result: dict[str, Any] = {"config": config, "status": "TIMEOUT", "ready_s": None}
+    while time.monotonic() - started_s < args.timeout_s:
+        app = client.get_serve_details().get("applications", {}).get("reference", {})
+        deployments = {name: (info.get("status"), info.get("message", "")[-400:])
+                       for name, info in app.get("deployments", {}).items()}
+        print(f"{time.monotonic() - started_s:5.0f}s {app.get('status')} "
+              f"{ {name: status for name, (status, _) in deployments.items()} }", flush=True)
+        result.update(status=app.get("status"), deployments=deployments)
+        if app.get("status") in ("RUNNING", "DEPLOY_FAILED"):
+            break
+        time.sleep(POLL_S)
+    if result["status"] == "RUNNING":
+        result["ready_s"] = time.monotonic() - started_s
+        result["answer"] = ask(args.served_name)
+    args.out.write_text(json.dumps(result, indent=2, default=str))
+    print(json.dumps({key: result.get(key) for key in ("status", "ready_s", "answer")}, default=str))
+
+
+def ask(served_name: str) -> str:
+    body = json.dumps({"model": served_name, "messages": [{"role": "user", "content": "Say hello."}],
+                       "max_tokens": 16}).encode()
+    request = urllib.request.Request("http://127.0.0.1:8000/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            return f"{reply.status}: {reply.read()[:300]!r}"
+    except OSError as exc:
+        return f"no answer: {exc!r}"
+
+
+if __name__ == "__main__":
+    main()
