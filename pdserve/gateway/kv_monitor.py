@@ -135,7 +135,7 @@ class KVMonitor:
             log.debug("no metrics from %s: %s", endpoint.url, exc)
             return
         text, now_s = select_samples(text, READ_PREFIXES), time.monotonic()
-        endpoint.load = parse_engine_load(text, read_s=now_s)
+        endpoint.take_load(parse_engine_load(text, read_s=now_s))
         if endpoint.role is Role.DECODE and now_s - self._judged_s.get(endpoint.url, -math.inf) >= (
                 self._spec.kv_scrape_interval_s):
             self._judged_s[endpoint.url] = now_s

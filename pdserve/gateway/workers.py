@@ -77,7 +77,9 @@ class SharedHealth:
             current, loads = self.read(), self.read_loads()
             for role in Role:
                 for endpoint in pool.all(role):
-                    endpoint.load = loads.get((role, endpoint.url), endpoint.load)
+                    shared = loads.get((role, endpoint.url))
+                    if shared is not None and shared.read_s != endpoint.load.read_s:
+                        endpoint.take_load(shared)
                     if current != applied:
                         endpoint.is_healthy = current.get((role, endpoint.url), endpoint.is_healthy)
             applied = current

@@ -52,9 +52,18 @@ def prefill_cost(view: EngineView, *, prompt_tokens: float) -> float:
 
 def choose_decode(views: Sequence[EngineView], *, spec: RoutingSpec, turn: int) -> EngineView:
     """The cheapest decode engine. Engines with a nearly full KV cache (``kv_usage_full``) are
-    passed over while any other has room: a request there would preempt running ones."""
+    passed over while any other has room: a request there would preempt running ones.
+
+    Hysteresis: the engine holding most of the prompt's prefix keeps it unless another is cheaper by
+    more than ``affinity_margin_requests`` (on top of the recompute that the cost already counts), so a
+    load reading that is one request off never moves a conversation."""
     roomy = [view for view in views if view.kv_usage < spec.kv_usage_full] or list(views)
-    return cheapest(roomy, lambda view: decode_cost(view, spec=spec), turn=turn)
+    best = cheapest(roomy, lambda view: decode_cost(view, spec=spec), turn=turn)
+    holder = max(roomy, key=lambda view: view.cached_tokens)
+    if holder.cached_tokens <= best.cached_tokens:  # the prefix is no reason to prefer one over the other
+        return best
+    margin = decode_cost(holder, spec=spec) - decode_cost(best, spec=spec)
+    return holder if margin <= spec.affinity_margin_requests else best
 
 
 def choose_prefill(views: Sequence[EngineView], *, prompt_tokens: float, turn: int) -> EngineView:

@@ -30,9 +30,21 @@ class Endpoint:
     ejected_until_s: float = 0.0  # time.monotonic()
     # The KV path the engine logged (backends, transports, provider, buffer): /health, /metrics, verify.
     kv_path: KvPath = field(default_factory=KvPath)
-    load: EngineLoad = field(default_factory=EngineLoad)  # its own /metrics, as last read (kv_monitor.py)
+    load: EngineLoad = field(default_factory=EngineLoad)  # its own /metrics, as last read: set it with take_load
     routed: int = 0  # legs this gateway process has sent it
+    legs_ended: int = 0  # legs of this gateway process that have ended on it
+    legs_ended_at_read: int = 0  # legs_ended when ``load`` was read
     queued_prefill_tokens: float = 0.0  # uncached prompt tokens of this process's prefill legs open on it
+
+
+    def take_load(self, load: EngineLoad) -> None:
+        """A new read of the engine's load; legs that end after it are not in it (``legs_ended_since_read``)."""
+        self.load, self.legs_ended_at_read = load, self.legs_ended
+
+    @property
+    def legs_ended_since_read(self) -> int:
+        """This process's legs that ended on the engine after its load was read: that read still counts them."""
+        return self.legs_ended - self.legs_ended_at_read
 
 
 class Pool:
@@ -76,3 +88,4 @@ class Pool:
             yield endpoint
         finally:
             endpoint.in_flight -= 1
+            endpoint.legs_ended += 1

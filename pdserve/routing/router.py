@@ -19,6 +19,7 @@ from pdserve.config import RoutingSpec
 from pdserve.role import Role
 from pdserve.routing.cost import EngineView, choose_decode, choose_prefill
 from pdserve.routing.decision import Decision, Mode, decide
+from pdserve.routing.load import EngineLoad
 from pdserve.routing.pool import Endpoint
 from pdserve.routing.prefix import PrefixIndex, PromptKey, prompt_key
 
@@ -80,9 +81,10 @@ class Router:
         load = endpoint.load
         is_fresh = load.age_s(self._clock()) <= self._spec.load_max_age_s
         cached = key.matched_tokens(self._index.matched_chunks(endpoint.url, key.hashes))
+        running, waiting, kv_usage = without_ended_legs(load, ended=endpoint.legs_ended_since_read) if is_fresh \
+            else (0.0, 0.0, 0.0)
         return EngineView(
-            url=endpoint.url, running=load.running if is_fresh else 0.0, waiting=load.waiting if is_fresh else 0.0,
-            kv_usage=load.kv_usage if is_fresh else 0.0, in_flight=endpoint.in_flight,
+            url=endpoint.url, running=running, waiting=waiting, kv_usage=kv_usage, in_flight=endpoint.in_flight,
             queued_prefill_tokens=endpoint.queued_prefill_tokens, cached_tokens=cached,
         )
 
@@ -99,6 +101,18 @@ class Router:
 
     def _capacity_chunks(self, cache_tokens: float) -> int:
         return max(1, int(cache_tokens * self._share * self._spec.chars_per_token / self._spec.prefix_chunk_chars))
+
+
+def without_ended_legs(load: EngineLoad, *, ended: int) -> tuple[float, float, float]:
+    """(running, waiting, kv_usage) of a load read, less the legs known to have ended since: a read taken
+    while a conversation's last turn ran must not count that turn against the engine holding its prefix.
+    The KV cache in use shrinks in proportion (a finished request frees its blocks). Pure."""
+    requests = load.running + load.waiting
+    if ended <= 0 or requests <= 0:
+        return load.running, load.waiting, load.kv_usage
+    left = max(0.0, requests - ended)
+    waiting = min(load.waiting, left)
+    return left - waiting, waiting, load.kv_usage * left / requests
 
 
 @dataclass(frozen=True, slots=True)

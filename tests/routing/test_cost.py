@@ -46,3 +46,20 @@ def test_prefill_engine_by_queued_tokens_and_overlap() -> None:
     assert prefill_cost(cached, prompt_tokens=3000) == pytest.approx(4500)
     assert choose_prefill([queued, cached, idle], prompt_tokens=3000, turn=0).url == "idle"
     assert choose_prefill([queued, cached], prompt_tokens=3000, turn=0).url == "cached"
+
+
+def test_a_conversation_stays_on_the_engine_holding_its_prefix_unless_the_other_is_cheaper_by_the_margin() -> None:
+    """A 750-token prefix weighs 0.73 requests: one request more on its holder would move it without the margin."""
+    holder = EngineView("holder", running=1, cached_tokens=750)
+    idle = EngineView("idle")
+    assert decode_cost(holder, spec=SPEC) > decode_cost(idle, spec=SPEC)  # the cost alone would move it
+    assert choose_decode([idle, holder], spec=SPEC, turn=0).url == "holder"
+    assert choose_decode([idle, holder], spec=RoutingSpec(affinity_margin_requests=0), turn=0).url == "idle"
+    busier = EngineView("holder", running=3, cached_tokens=750)  # 2.27 requests dearer: past the margin of 1
+    assert choose_decode([idle, busier], spec=SPEC, turn=0).url == "idle"
+
+
+def test_engines_holding_the_same_prefix_still_take_turns() -> None:
+    """A system prompt every conversation shares is no reason to pile new conversations on one engine."""
+    views = [EngineView("a", cached_tokens=750), EngineView("b", cached_tokens=750)]
+    assert [choose_decode(views, spec=SPEC, turn=turn).url for turn in range(4)] == ["a", "b", "a", "b"]

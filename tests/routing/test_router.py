@@ -3,14 +3,17 @@ prefix, distinct prompts spread, short prompts and a saturated prefill pool are 
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+import pytest
 
 from pdserve.config import RoutingSpec
 from pdserve.role import Role
 from pdserve.routing.decision import Mode, Reason
 from pdserve.routing.load import EngineLoad
 from pdserve.routing.pool import Endpoint, Pool
-from pdserve.routing.router import KeyedPolicy, Router
+from pdserve.routing.router import KeyedPolicy, Router, without_ended_legs
 
 NOW_S = 1000.0
 
@@ -111,3 +114,21 @@ def test_the_index_of_an_engine_is_sized_by_its_reported_cache() -> None:
     decode.load = EngineLoad(kv_capacity_tokens=64, read_s=NOW_S)  # 4 chunks of 16 tokens
     cached = router.view(decode, router.key(body)).cached_tokens
     assert 0 < cached <= 64
+
+
+def test_a_load_read_taken_while_a_leg_ran_no_longer_counts_it_once_the_leg_ended() -> None:
+    """The engine reported the conversation's previous turn as running; that turn has since ended here."""
+    read = EngineLoad(running=2, waiting=1, kv_usage=0.3, read_s=0.0)
+    assert without_ended_legs(read, ended=0) == (2, 1, 0.3)
+    assert without_ended_legs(read, ended=1) == (1, 1, pytest.approx(0.2))
+    assert without_ended_legs(read, ended=5) == (0, 0, 0)
+    pool = Pool(decode_urls=["http://d"])
+    (endpoint,) = pool.all(Role.DECODE)
+    endpoint.take_load(EngineLoad(running=1, kv_usage=0.1, read_s=time.monotonic()))
+    with pool.in_flight(endpoint):
+        assert endpoint.legs_ended_since_read == 0
+    assert endpoint.legs_ended_since_read == 1
+    view = Router(RoutingSpec()).view(endpoint, Router(RoutingSpec()).key({"prompt": "x" * 300}))
+    assert (view.running, view.kv_usage) == (0, 0)
+    endpoint.take_load(EngineLoad(running=1, read_s=time.monotonic()))  # a new read: it knows by itself
+    assert endpoint.legs_ended_since_read == 0
