@@ -101,6 +101,7 @@ class Gateway:
                 asyncio.create_task(self.source.follow(self.pool)),
                 *self._engine_watchers(session, monitor),
                 asyncio.create_task(readiness.keep_warm(self._orchestrator, self.pool, self.readiness,
+                                                        warm_pair=readiness.pair_warmer(client, kv=self.settings.kv),
                                                         model=self.settings.model.served_name,
                                                         interval_s=spec.health_interval_s)),
             ]

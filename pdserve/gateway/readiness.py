@@ -1,8 +1,10 @@
-"""Readiness that means ready: engines of both roles answer their health probes, and one request
-has gone through both legs since (so the KV connector's handshake is done before users come).
+"""Readiness that means ready: engines of both roles answer their health probes, one request has gone
+through both legs since, and one through every (prefill, decode) pair, so no user pays a pair's KV
+connector handshake (seconds for NIXL on a GPU) on an engine the first warm-up missed.
 
-The gateway sends that warm-up request itself, so ``pdserve up``, Ray and Kubernetes all become
-ready the same way; their callers only wait for ``/health/ready``.
+The gateway sends the warm-ups itself, so ``pdserve up``, Ray and Kubernetes all become ready the same
+way; their callers only wait for ``/health/ready``. A pair that appears later (an engine added or back)
+is warmed at the next look, without making the gateway unready.
 """
 
 from __future__ import annotations
@@ -11,14 +13,18 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from pdserve.errors import PdserveError
+from pdserve.config import KVTransferSpec
+from pdserve.errors import LegFailed, PdserveError
 from pdserve.gateway.call import Call
 from pdserve.gateway.client_errors import client_error
 from pdserve.gateway.orchestrator import Orchestrator
+from pdserve.pd.engine_http import EngineClient
+from pdserve.pd.pair import send_through_pair
 from pdserve.role import Role
 from pdserve.routing.decision import Mode
 from pdserve.routing.health import next_look_s
@@ -26,6 +32,10 @@ from pdserve.routing.pool import Pool
 
 log = logging.getLogger(__name__)
 WARM_UP_PATH = "/v1/completions"
+Pair = tuple[str, str]  # (prefill engine URL, decode engine URL)
+# A first handshake between two engines takes seconds (NIXL on a GPU); a CPU engine busy compiling, longer.
+PAIR_WARM_UP_TIMEOUT_S = 120.0
+WarmPair = Callable[[Pair, dict[str, Any], str], Awaitable[object]]  # (pair, body, request id): raises LegFailed
 
 
 class WarmUp(StrEnum):
@@ -40,24 +50,39 @@ class Readiness:
 
     warm_up: WarmUp = WarmUp.PENDING
     warm_up_error: str = ""  # what a client would have been told: no engine address
+    warm_pairs: set[Pair] = field(default_factory=set)  # pairs a warm-up went through, while both stay healthy
 
     def report(self, pool: Pool) -> tuple[bool, dict[str, Any]]:
         """(is ready, the body /health/ready answers with)."""
         counts = {role.value: len(pool.healthy(role)) for role in Role}
+        pairs = healthy_pairs(pool)
         is_ready = self.warm_up is WarmUp.DONE and all(counts.values())
         body: dict[str, Any] = {"status": "ready" if is_ready else "not_ready", "healthy_engines": counts,
-                                "warm_up": self.warm_up.value}
-        if self.warm_up is WarmUp.FAILED:
+                                "warm_up": self.warm_up.value, "warm_pairs": f"{len(pairs & self.warm_pairs)}/{len(pairs)}"}
+        if self.warm_up is WarmUp.FAILED or (self.warm_up_error and pairs - self.warm_pairs):
             body["warm_up_error"] = self.warm_up_error
         return is_ready, body
 
 
-async def keep_warm(orchestrator: Orchestrator, pool: Pool, readiness: Readiness, *, model: str,
+def pair_warmer(client: EngineClient, *, kv: KVTransferSpec, timeout_s: float = PAIR_WARM_UP_TIMEOUT_S) -> WarmPair:
+    """Warms one pair by a request straight to its two engines (``pd/pair.py``)."""
+    async def warm(pair: Pair, body: dict[str, Any], request_id: str) -> None:
+        await send_through_pair(client, prefill_url=pair[0], decode_url=pair[1], body=body, connector=kv.connector,
+                                request_id=request_id, timeout_s=timeout_s)
+    return warm
+
+
+def healthy_pairs(pool: Pool) -> set[Pair]:
+    return {(prefill.url, decode.url) for prefill in pool.healthy(Role.PREFILL) for decode in pool.healthy(Role.DECODE)}
+
+
+async def keep_warm(orchestrator: Orchestrator, pool: Pool, readiness: Readiness, *, warm_pair: WarmPair, model: str,
                     interval_s: float) -> None:
-    """Forever: once engines of both roles are healthy, send one warm-up request through both legs,
-    every ``interval_s`` until one succeeds; after a role had no engine at all, again. Until both
-    roles have one, it looks as often as the health probes do (``health.next_look_s``), so the
-    warm-up follows the engines at once."""
+    """Forever: once engines of both roles are healthy, send one warm-up request through both legs, then
+    one through each pair not yet warmed, every ``interval_s`` until they succeed; after a role had no
+    engine at all, again. Ready once the first went through and every pair was tried: a pair that fails
+    (a broken engine among several) is retried, counted as a failed leg, and holds nobody up. Until both
+    roles have an engine, it looks as often as the health probes do (``health.next_look_s``)."""
     while True:
         if not pool.can_serve:
             if readiness.warm_up is WarmUp.DONE:
@@ -65,22 +90,54 @@ async def keep_warm(orchestrator: Orchestrator, pool: Pool, readiness: Readiness
             readiness.warm_up = WarmUp.PENDING
             await asyncio.sleep(next_look_s(pool, interval_s))
             continue
-        if readiness.warm_up is not WarmUp.DONE:
-            await warm_up(orchestrator, readiness, model=model)
+        if readiness.warm_up is WarmUp.DONE or await warm_up(orchestrator, readiness, model=model):
+            await warm_pairs(orchestrator, pool, readiness, warm_pair=warm_pair, model=model)
+            readiness.warm_up = WarmUp.DONE
         await asyncio.sleep(interval_s)
 
 
-async def warm_up(orchestrator: Orchestrator, readiness: Readiness, *, model: str) -> None:
-    """One short request through both legs; records in ``readiness`` whether it went through."""
+async def warm_up(orchestrator: Orchestrator, readiness: Readiness, *, model: str) -> bool:
+    """One short request through both legs, as a client's goes; records in ``readiness`` if it failed."""
     request_id = f"warm-up-{uuid.uuid4().hex[:12]}"
-    call = Call(path=WARM_UP_PATH, body={"model": model, "prompt": "warm up", "max_tokens": 2},
-                request_id=request_id, mode=Mode.PD, arrived_s=time.perf_counter(), may_prefill_locally=False)
+    call = Call(path=WARM_UP_PATH, body=warm_up_body(model), request_id=request_id, mode=Mode.PD,
+                arrived_s=time.perf_counter(), may_prefill_locally=False)
     try:
         reply = await orchestrator.run(call)
     except PdserveError as exc:
         readiness.warm_up, readiness.warm_up_error = WarmUp.FAILED, client_error(exc, request_id=request_id).message
         log.warning("request_id=%s warm-up through both legs failed: %s", request_id, exc)
-        return
+        return False
     reply.close()
-    readiness.warm_up = WarmUp.DONE
-    log.info("request_id=%s warm-up through both legs done: ready", request_id)
+    log.info("request_id=%s warm-up through both legs done", request_id)
+    return True
+
+
+async def warm_pairs(orchestrator: Orchestrator, pool: Pool, readiness: Readiness, *, warm_pair: WarmPair,
+                     model: str) -> None:
+    """Send a warm-up through every healthy pair not yet warmed, all at once. A pair whose engine went
+    unhealthy is forgotten: it is warmed again when back (a restarted engine handshakes anew)."""
+    pairs = healthy_pairs(pool)
+    readiness.warm_pairs &= pairs
+    cold = sorted(pairs - readiness.warm_pairs)
+    await asyncio.gather(*(_warm_one(pair, orchestrator, pool, readiness, warm_pair=warm_pair, model=model)
+                           for pair in cold))
+
+
+async def _warm_one(pair: Pair, orchestrator: Orchestrator, pool: Pool, readiness: Readiness, *,
+                    warm_pair: WarmPair, model: str) -> None:
+    request_id = f"warm-up-pair-{uuid.uuid4().hex[:12]}"
+    try:
+        await warm_pair(pair, warm_up_body(model), request_id)
+    except LegFailed as exc:
+        failed = [endpoint for endpoint in pool.all(exc.role) if exc.url.startswith(endpoint.url)]
+        for endpoint in failed:  # as a client's failed leg: counted, and the circuit breaker told
+            orchestrator.leg_failed(endpoint, request_id, exc, is_unreachable=exc.status is None)
+        readiness.warm_up_error = client_error(exc, request_id=request_id).message
+        log.warning("request_id=%s warm-up of the pair %s -> %s failed: %s", request_id, *pair, exc)
+        return
+    readiness.warm_pairs.add(pair)
+    log.info("request_id=%s warm-up of the pair %s -> %s done", request_id, *pair)
+
+
+def warm_up_body(model: str) -> dict[str, Any]:
+    return {"model": model, "prompt": "warm up", "max_tokens": 2}

@@ -7,20 +7,17 @@ needed and the KV size is known exactly: prompt tokens x the model's KV bytes pe
 from __future__ import annotations
 
 import random
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
-from pdserve.pd import decode, prefill
 from pdserve.pd.engine_http import EngineClient
+from pdserve.pd.pair import COMPLETIONS, send_through_pair
 from pdserve.pd.transfer_stats import TransferCounters, fetch_counters
 from pdserve.protocol import PD_MODE_HEADER
 from pdserve.routing.decision import Mode
-
-_COMPLETIONS = "/v1/completions"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,20 +48,10 @@ async def probe_handoff(
                             "max_tokens": 1, "temperature": 0, "ignore_eos": True}
     request_id = f"pdserve-verify-{uuid.uuid4().hex}"
     before = await fetch_counters(session, decode_url, timeout_s=timeout_s)
-    started_s = time.perf_counter()
-    kv = await prefill.run(client, prefill_url + _COMPLETIONS, prefill.make_body(body, connector=connector),
-                           request_id=request_id, timeout_s=timeout_s)
-    prefill_done_s = time.perf_counter()
-    response = await decode.open_stream(client, decode_url + _COMPLETIONS, decode.make_body(body, kv),
-                                        request_id=request_id, timeout_s=timeout_s)
-    try:
-        await response.read(idle_timeout_s=timeout_s)
-    finally:
-        response.close()
-    decode_done_s = time.perf_counter()
+    prefill_s, decode_s = await send_through_pair(client, prefill_url=prefill_url, decode_url=decode_url, body=body,
+                                                  connector=connector, request_id=request_id, timeout_s=timeout_s)
     after = await fetch_counters(session, decode_url, timeout_s=timeout_s)
-    return HandoffProbe(prompt_tokens=prompt_tokens, prefill_s=prefill_done_s - started_s,
-                        decode_s=decode_done_s - prefill_done_s, engine=after.since(before))
+    return HandoffProbe(prompt_tokens=prompt_tokens, prefill_s=prefill_s, decode_s=decode_s, engine=after.since(before))
 
 
 async def greedy_token_ids(
@@ -74,7 +61,7 @@ async def greedy_token_ids(
     """The token ids the gateway returns for a greedy request in ``mode``."""
     body = {"model": model, "prompt": probe_token_ids(prompt_tokens, seed=1), "max_tokens": max_tokens,
             "temperature": 0, "ignore_eos": True, "return_token_ids": True}
-    async with session.post(gateway_url + _COMPLETIONS, json=body, headers={PD_MODE_HEADER: mode.value},
+    async with session.post(gateway_url + COMPLETIONS, json=body, headers={PD_MODE_HEADER: mode.value},
                             timeout=aiohttp.ClientTimeout(total=timeout_s)) as reply:
         reply.raise_for_status()
         token_ids: list[int] = (await reply.json())["choices"][0]["token_ids"]

@@ -172,6 +172,7 @@ async def test_prefill_5xx_fails_over_to_the_other_engine(engine: tuple[FakeEngi
             async with aiohttp.ClientSession() as session, session.get(base + "/metrics") as reply:
                 metrics = await reply.text()
     assert broken.bodies, "the broken engine was never tried"
+    # every leg sent it failed and was counted, its pair's warm-up included
     assert f'pdserve_leg_failures_total{{role="prefill"}} {len(broken.bodies)}.0' in metrics
 
 

@@ -8,13 +8,13 @@ import json
 import aiohttp
 import pytest
 
-from pdserve.errors import EngineStartFailed, NoHealthyEndpoint
+from pdserve.errors import EngineStartFailed, LegFailed, NoHealthyEndpoint
 from pdserve.gateway.app import build_app
 from pdserve.gateway.call import Call, Reply
 from pdserve.gateway.readiness import Readiness, WarmUp, keep_warm
 from pdserve.role import Role
 from pdserve.routing.decision import Mode
-from pdserve.routing.pool import Pool
+from pdserve.routing.pool import Endpoint, Pool
 from pdserve.up import wait_ready
 from tests.conftest import free_port, serving
 from tests.fake_engine import FakeEngine
@@ -60,11 +60,16 @@ async def test_wait_ready_fails_fast_when_the_warm_up_fails_and_says_why_without
 
 
 class FakeOrchestrator:
-    """Fails while ``is_failing``; counts warm-ups."""
+    """Fails while ``is_failing``; counts warm-ups, and the failed legs it is told of."""
 
     def __init__(self) -> None:
         self.calls: list[Call] = []
         self.is_failing = False
+        self.failed_urls: list[str] = []
+
+    def leg_failed(self, endpoint: Endpoint, _request_id: str, _exc: Exception, *, is_unreachable: bool) -> None:
+        assert not is_unreachable
+        self.failed_urls.append(endpoint.url)
 
     async def run(self, call: Call) -> Reply:
         self.calls.append(call)
@@ -73,9 +78,53 @@ class FakeOrchestrator:
         return Reply(json_body=b"{}")
 
 
+class FakePairs:
+    """Warms pairs as told: records each, fails those in ``failing``."""
+
+    def __init__(self) -> None:
+        self.warmed: list[tuple[str, str]] = []
+        self.failing: set[tuple[str, str]] = set()
+
+    async def __call__(self, pair: tuple[str, str], body: dict[str, object], request_id: str) -> None:
+        assert body["model"] == MODEL and request_id.startswith("warm-up-pair-")
+        self.warmed.append(pair)
+        if pair in self.failing:
+            raise LegFailed(Role.DECODE, pair[1], 500, "KV handshake failed")
+
+
+def keep_warm_task(pool: Pool, readiness: Readiness, orchestrator: FakeOrchestrator, pairs: FakePairs) -> asyncio.Task[None]:
+    return asyncio.create_task(keep_warm(orchestrator, pool, readiness, warm_pair=pairs, model=MODEL,  # type: ignore[arg-type]
+                                         interval_s=0.01))
+
+
+async def test_every_pair_is_warmed_before_ready_and_one_added_later_without_losing_ready() -> None:
+    pool, readiness, pairs = Pool(prefill_urls=["http://p"], decode_urls=["http://d0", "http://d1"]), Readiness(), FakePairs()
+    pairs.failing = {("http://p", "http://d1")}
+    orchestrator = FakeOrchestrator()
+    task = keep_warm_task(pool, readiness, orchestrator, pairs)
+    try:
+        await asyncio.sleep(0.05)
+        is_ready, body = readiness.report(pool)
+        # a broken engine among several holds nobody up: tried, counted as a failed leg, tried again
+        assert is_ready and body["warm_pairs"] == "1/2" and "the decode engine failed" in body["warm_up_error"]
+        assert orchestrator.failed_urls and set(orchestrator.failed_urls) == {"http://d1"}
+        pairs.failing.clear()
+        await asyncio.sleep(0.05)
+        assert readiness.report(pool) == (True, {"status": "ready", "healthy_engines": {"prefill": 1, "decode": 2},
+                                                 "warm_up": "done", "warm_pairs": "2/2"})
+        pool.set_urls(Role.DECODE, ["http://d0", "http://d1", "http://d2"])  # an engine added
+        await asyncio.sleep(0.05)
+        assert readiness.report(pool)[0] and ("http://p", "http://d2") in pairs.warmed
+        # a warm pair is not warmed again; the one that failed was, at each look until it went through
+        assert pairs.warmed.count(("http://p", "http://d0")) == pairs.warmed.count(("http://p", "http://d2")) == 1
+        assert pairs.warmed.count(("http://p", "http://d1")) > 1
+    finally:
+        task.cancel()
+
+
 async def test_a_role_losing_every_engine_makes_it_not_ready_until_a_new_warm_up_succeeds() -> None:
     pool, readiness, orchestrator = Pool(prefill_urls=["http://p"], decode_urls=["http://d"]), Readiness(), FakeOrchestrator()
-    task = asyncio.create_task(keep_warm(orchestrator, pool, readiness, model=MODEL, interval_s=0.01))  # type: ignore[arg-type]
+    task = keep_warm_task(pool, readiness, orchestrator, FakePairs())
     try:
         await asyncio.sleep(0.05)
         assert readiness.report(pool)[0] and len(orchestrator.calls) == 1  # warm once, not on every tick
