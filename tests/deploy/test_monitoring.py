@@ -75,3 +75,14 @@ def test_dashboard_alone_can_be_turned_off() -> None:
     settings = load_settings(None, overrides={"gateway.port": 9000, "kubernetes.grafana_dashboard": False})
     kinds = [obj["kind"] for obj in render_manifests(settings)]
     assert kinds == ["Namespace", "RayService", "Service", "PodMonitor", "PodMonitor"]
+
+
+def test_pod_monitors_carry_the_label_a_default_kube_prometheus_stack_selects_on(
+    objects: dict[str, dict[str, Any]],
+) -> None:
+    """kube-prometheus-stack's Prometheus selects PodMonitors labelled with its Helm release by default."""
+    for name in ("PodMonitor/pdserve-gateway", "PodMonitor/pdserve-engines"):
+        assert objects[name]["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    mine = load_settings(None, overrides={"gateway.port": 9000, "kubernetes.monitor_labels": {"release": "monitoring"}})
+    monitors = [obj for obj in render_manifests(mine) if obj["kind"] == "PodMonitor"]
+    assert [monitor["metadata"]["labels"]["release"] for monitor in monitors] == ["monitoring", "monitoring"]
