@@ -1,12 +1,14 @@
 """``pdserve cloud status``: pods and their nodes, GPU and EFA per node, the Serve app and why a deployment
-failed, the checks the gateway answers through a ``kubectl port-forward``, and the NIXL backend each
-engine logged (one ``kubectl exec ... grep`` per engine pod). The engines listen on pod addresses inside
-the cluster, so ``pdserve verify``'s engine-to-engine probe cannot run from here and is reported skipped.
+failed, the checks the gateway answers through a ``kubectl port-forward`` (among them ``kv-link``: one long
+PD request, timed by the decode engine's own NIXL counters), and the NIXL backend each engine logged (one
+``kubectl exec ... grep`` per engine pod). The engines listen on pod addresses inside the cluster, so
+``pdserve verify``'s engine-to-engine probe cannot run from here and is reported skipped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -35,13 +37,24 @@ from pdserve.deploy.runner import Progress, capture, require_tools
 from pdserve.engines.kv_path import BUFFER_NOTE, NOTE_PREFIX, PROVIDER_NOTE, KvPath, kv_path_from_log
 from pdserve.errors import DeployError
 from pdserve.gateway.kv_monitor import check_window
+from pdserve.pd.pair import COMPLETIONS
 from pdserve.pd.transfer_stats import TransferCounters
-from pdserve.verify.probe import pd_and_local_token_ids
+from pdserve.protocol import PD_MODE_HEADER
+from pdserve.routing.decision import Mode
+from pdserve.verify.checks import ADVICE, Link
+from pdserve.verify.probe import pd_and_local_token_ids, probe_token_ids
 
 PORT_FORWARD_TIMEOUT_S = 30.0
 EXEC_TIMEOUT_S = 30.0
 CHECK_HEADER = ("CHECK", "RESULT", "DETAIL")
 NIXL_CHECK = "nixl-backend"
+KV_LINK_CHECK = "kv-link"
+# The kv-link probe's prompt: long enough that the KV bytes, not per-transfer latency, set the time (3,072
+# tokens of a Qwen3-8B-like model are 453 MB), and 64 tokens under max_model_len for the output token.
+KV_LINK_MAX_PROMPT_TOKENS = 3072
+KV_LINK_HEADROOM_TOKENS = 64
+KV_LINK_POLL_INTERVAL_S = 1.0
+KV_LINK_EFA_ADVICE = f"{ADVICE[Link.NETWORK]}; `fi_info -p efa` in the engine pods must list an EFA device"
 WORKER_CONTAINER = "ray-worker"  # the engine's container in each worker pod (deploy/rayservice.py)
 RAY_TMP = "/tmp/ray/"  # Ray's session logs, where a replica's output lands
 # One extended regex, so one exec per pod reads all of it: NIXL's "Backend %s was instantiated" (its Python
@@ -109,6 +122,7 @@ async def _checks_through_gateway(settings: Settings, *, timeout_s: float) -> li
         checks = [await _health(session, gateway_url), await _pd_matches_local(session, gateway_url, settings,
                                                                                  timeout_s=timeout_s)]
         checks += await _kv_transfers(session, gateway_url, settings)
+        checks.append(await _kv_link(session, gateway_url, settings))
     return checks
 
 
@@ -167,9 +181,7 @@ async def _pd_matches_local(
 async def _kv_transfers(session: aiohttp.ClientSession, gateway_url: str, settings: Settings) -> list[Check]:
     """One row per decode engine: KV moved so far, and a FAIL if transfers failed or ran slow."""
     try:
-        async with session.get(gateway_url + "/metrics") as reply:
-            reply.raise_for_status()
-            counters = kv_counters(await reply.text())
+        counters = await _read_kv_counters(session, gateway_url)
     except (aiohttp.ClientError, TimeoutError) as exc:
         return [Check("kv-transfers", "FAIL", f"/metrics: {exc!r}")]
     if not counters:
@@ -181,6 +193,81 @@ async def _kv_transfers(session: aiohttp.ClientSession, gateway_url: str, settin
         checks.append(Check("kv-transfers", "FAIL" if warning else "OK", warning or (
             f"{url}: {total.transfers:.0f} transfers, {total.bytes / 1e6:.1f} MB at {total.gbps:.3g} GB/s")))
     return checks
+
+
+async def _kv_link(session: aiohttp.ClientSession, gateway_url: str, settings: Settings) -> Check:
+    """The KV path as requests take it: one long PD request through the gateway, judged by what the decode
+    engine's NIXL counters moved for it (NCCL's all_reduce_perf would time NCCL's path, not NIXL's)."""
+    prompt_tokens = kv_link_prompt_tokens(settings.model.max_model_len)
+    # fresh prompt: one the decode engine has cached would not be transferred
+    prompt = probe_token_ids(prompt_tokens, seed=random.getrandbits(64))
+    # the gateway re-reads the engines' counters every kv_scrape_interval_s: two reads and slack
+    within_s = 2 * settings.gateway.kv_scrape_interval_s + 5
+    try:
+        before = await _read_kv_counters(session, gateway_url)
+        await _post_pd_completion(session, gateway_url, model=settings.model.served_name, prompt=prompt)
+        after = await _counters_after_a_transfer(session, gateway_url, before, within_s=within_s)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return Check(KV_LINK_CHECK, "FAIL", f"PD request of {prompt_tokens} tokens: {exc!r}")
+    return kv_link_check(before, after, bar_gbps=settings.gateway.slow_kv_gbps, prompt_tokens=prompt_tokens,
+                         waited_s=within_s)
+
+
+def kv_link_prompt_tokens(max_model_len: int) -> int:
+    """The kv-link probe's prompt length, tokens: as long as the model allows, up to 3,072."""
+    return max(1, min(max_model_len - KV_LINK_HEADROOM_TOKENS, KV_LINK_MAX_PROMPT_TOKENS))
+
+
+async def _post_pd_completion(session: aiohttp.ClientSession, gateway_url: str, *, model: str,
+                              prompt: list[int]) -> None:
+    """One completion through both legs, one output token; raises aiohttp.ClientError on a non-2xx reply."""
+    body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+    async with session.post(gateway_url + COMPLETIONS, json=body, headers={PD_MODE_HEADER: Mode.PD.value}) as reply:
+        reply.raise_for_status()
+
+
+async def _counters_after_a_transfer(
+    session: aiohttp.ClientSession, gateway_url: str, before: dict[str, TransferCounters], *, within_s: float,
+) -> dict[str, TransferCounters]:
+    """The gateway's KV counters once some decode engine counts a transfer since ``before``, else after
+    ``within_s``: they lag the engines by up to one scrape."""
+    loop = asyncio.get_running_loop()
+    deadline_s = loop.time() + within_s
+    while True:
+        after = await _read_kv_counters(session, gateway_url)
+        if kv_moved(before, after) or loop.time() >= deadline_s:
+            return after
+        await asyncio.sleep(KV_LINK_POLL_INTERVAL_S)
+
+
+def kv_moved(before: dict[str, TransferCounters], after: dict[str, TransferCounters]) -> dict[str, TransferCounters]:
+    """Decode engine URL -> what it counted between the two readings, for each engine that finished or failed
+    a transfer in between. Pure."""
+    deltas = {url: total.since(before.get(url, TransferCounters())) for url, total in after.items()}
+    return {url: delta for url, delta in deltas.items() if delta.transfers > 0 or delta.failed > 0}
+
+
+def kv_link_check(before: dict[str, TransferCounters], after: dict[str, TransferCounters], *, bar_gbps: float,
+                  prompt_tokens: int, waited_s: float) -> Check:
+    """Pure: the kv-link row from the gateway's KV counters before the probe and after it. OK at ``bar_gbps``
+    (gateway.slow_kv_gbps) or faster; FAIL, saying what to check, when slower or a transfer failed; SKIPPED
+    when no engine counted a transfer in ``waited_s``. With other traffic moving KV too, the engine that
+    moved most is judged: the probe's prompt is long."""
+    moved = kv_moved(before, after)
+    if not moved:
+        return Check(KV_LINK_CHECK, "SKIPPED", f"no decode engine counted a KV transfer within {waited_s:g} s of a "
+                                               f"{prompt_tokens}-token PD request: it recomputed the prompt instead "
+                                               "(is the KV connector set on both engines?)")
+    url, delta = max(moved.items(), key=lambda item: item[1].bytes)
+    count = f"{delta.transfers:.0f} transfer{'' if delta.transfers == 1 else 's'}"
+    measured = f"{url}: {delta.bytes / 1e6:.1f} MB in {count} at {delta.gbps:.3g} GB/s (prompt {prompt_tokens} tokens)"
+    if delta.failed:
+        return Check(KV_LINK_CHECK, "FAIL", f"{url}: {delta.failed:.0f} KV transfer(s) failed (prompt "
+                                            f"{prompt_tokens} tokens). {KV_LINK_EFA_ADVICE}")
+    if delta.gbps < bar_gbps:
+        return Check(KV_LINK_CHECK, "FAIL", f"{measured}, under gateway.slow_kv_gbps {bar_gbps:g} GB/s. "
+                                            f"{KV_LINK_EFA_ADVICE}")
+    return Check(KV_LINK_CHECK, "OK", measured)
 
 
 async def _backend_check(settings: Settings, pod: str, *, timeout_s: float) -> Check:
@@ -253,6 +340,13 @@ async def _run(argv: Sequence[str], *, timeout_s: float) -> tuple[int, str, str]
             await process.wait()
     assert process.returncode is not None  # communicate() returned: the process has exited
     return process.returncode, stdout.decode(errors="replace"), stderr.decode(errors="replace")
+
+
+async def _read_kv_counters(session: aiohttp.ClientSession, gateway_url: str) -> dict[str, TransferCounters]:
+    """The gateway's samples of each decode engine's KV counters; raises aiohttp.ClientError or TimeoutError."""
+    async with session.get(gateway_url + "/metrics") as reply:
+        reply.raise_for_status()
+        return kv_counters(await reply.text())
 
 
 def kv_counters(metrics_text: str) -> dict[str, TransferCounters]:

@@ -20,6 +20,11 @@ modelled:
 - ``kubectl exec`` returns the remote command's exit code and says ``command terminated with exit code N``
   (kubectl pkg/cmd/exec, CodeExitError); an engine pod's log holds pdserve's notes and NIXL's
   ``Backend X was instantiated`` (nixl src/api/python/_api.py); STANDIN_NIXL_BACKEND names X.
+- ``kubectl port-forward`` to the gateway reaches a gateway whose /metrics are the decode engine's NIXL
+  counters as last scraped (pdserve/gateway/metrics.py, EngineKVCollector). Each completion POSTed with
+  ``X-PD-Mode: pd`` and a prompt of token ids moves its KV: +1 transfer and prompt tokens x 147,456 bytes
+  (Qwen3-8B: 36 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes) at STANDIN_KV_GBPS (default 3, EFA on a
+  g6.8xlarge); the scrape is modelled as immediate. ``X-PD-Mode: local`` runs on one engine and moves none.
 No pdserve imports: it runs as a separate process, as the real tools would.
 """
 
@@ -35,11 +40,10 @@ from typing import Any
 
 import yaml
 
-GATEWAY_METRICS = "".join(  # as the gateway's registry writes them
-    f"# TYPE {name}_total counter\n{name}_total{{endpoint=\"http://10.0.3.7:8200\"}} {value}\n"
-    for name, value in (("pdserve_engine_kv_transfer_bytes", 4.0e8), ("pdserve_engine_kv_transfer_seconds", 0.2),
-                        ("pdserve_engine_kv_transfers", 12.0), ("pdserve_engine_kv_transfer_failures", 0.0))
-)
+# the decode engine's counters when the port-forward starts, under the names the gateway gives them
+GATEWAY_KV_COUNTERS = {"pdserve_engine_kv_transfer_bytes": 4.0e8, "pdserve_engine_kv_transfer_seconds": 0.2,
+                       "pdserve_engine_kv_transfers": 12.0, "pdserve_engine_kv_transfer_failures": 0.0}
+KV_BYTES_PER_TOKEN = 147456
 OFFERINGS = {"InstanceTypeOfferings": [
     {"InstanceType": "g6.8xlarge", "Location": "us-west-2d"}, {"InstanceType": "g6.8xlarge", "Location": "us-west-2b"},
     {"InstanceType": "m7i.xlarge", "Location": "us-west-2a"}, {"InstanceType": "m7i.xlarge", "Location": "us-west-2b"},
@@ -391,14 +395,22 @@ def _create_get_delete(command: str, state: dict[str, Any]) -> int:
 
 
 def _serve_gateway() -> int:
-    """``kubectl port-forward``: a gateway on a free local port, announced as kubectl does."""
+    """``kubectl port-forward``: a gateway on a free local port, announced as kubectl does. Its KV counters
+    grow with each PD-mode completion, as the real gateway's do one scrape after the decode engine's."""
+    counters = dict(GATEWAY_KV_COUNTERS)
+    gbps = float(os.environ.get("STANDIN_KV_GBPS", "3"))
 
     class Gateway(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            self._reply(200, "ok" if self.path == "/health" else GATEWAY_METRICS, content_type="text/plain")
+            self._reply(200, "ok" if self.path == "/health" else _gateway_metrics(counters), content_type="text/plain")
 
         def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
+            prompt = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["prompt"]
+            if self.headers.get("X-PD-Mode") == "pd" and isinstance(prompt, list):  # pdserve/protocol.py
+                kv_bytes = len(prompt) * KV_BYTES_PER_TOKEN
+                counters["pdserve_engine_kv_transfer_bytes"] += kv_bytes
+                counters["pdserve_engine_kv_transfer_seconds"] += kv_bytes / (gbps * 1e9)
+                counters["pdserve_engine_kv_transfers"] += 1
             self._reply(200, json.dumps({"choices": [{"token_ids": [5, 6, 7]}]}), content_type="application/json")
 
         def _reply(self, status: int, body: str, *, content_type: str) -> None:
@@ -415,6 +427,12 @@ def _serve_gateway() -> int:
     print(f"Forwarding from 127.0.0.1:{server.server_address[1]} -> 9000", flush=True)
     server.serve_forever()
     return 0
+
+
+def _gateway_metrics(counters: dict[str, float]) -> str:
+    """The KV counters as the gateway's registry writes them."""
+    return "".join(f"# TYPE {name}_total counter\n{name}_total{{endpoint=\"http://10.0.3.7:8200\"}} {value}\n"
+                   for name, value in counters.items())
 
 
 def _positional(words: list[str]) -> list[str]:

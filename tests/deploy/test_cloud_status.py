@@ -1,4 +1,5 @@
-"""``pdserve cloud status``: the NIXL backend each engine pod logged, and why a Serve deployment failed.
+"""``pdserve cloud status``: the NIXL backend each engine pod logged, why a Serve deployment failed, and the
+kv-link row that times one PD request's KV by the decode engine's own counters.
 
 The parsing is tested pure, the grep pattern against real ``grep``, and the whole path through the CLI
 against the stand-in tools (eks_standins.py)."""
@@ -13,8 +14,17 @@ from pathlib import Path
 import pytest
 
 from pdserve.config import load_settings
-from pdserve.deploy.cloud_status import Check, backend_check, backend_grep_argv, exec_check
+from pdserve.deploy.cloud_status import (
+    Check,
+    backend_check,
+    backend_grep_argv,
+    exec_check,
+    kv_link_check,
+    kv_link_prompt_tokens,
+)
 from pdserve.deploy.cluster_view import deployment_causes, engine_pods
+from pdserve.pd.transfer_stats import TransferCounters
+from pdserve.verify.checks import ADVICE, Link
 from tests.deploy.test_eks import Standins, cloud, standins  # noqa: F401
 
 POD = "pdserve-raycluster-decode-worker-0"
@@ -29,6 +39,9 @@ LIBFABRIC_GREP = """=== pdserve: kv buffer cpu: EFA without GPUDirect RDMA (no p
 === pdserve: libfabric provider efa: placement.efa_devices=1
 Backend LIBFABRIC was instantiated
 """
+DECODE_URL = "http://10.0.3.7:8200"
+KV_BYTES_PER_TOKEN = 147456  # Qwen3-8B: 36 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes
+BEFORE = {DECODE_URL: TransferCounters(bytes=4.0e8, seconds=0.2, transfers=12.0)}
 PREFLIGHT = ("pdserve preflight: NIXL LIBFABRIC: fi_getinfo failed: No data available; memlock 64.0 KiB is below "
              "the 2.0 GiB the KV buffer pins")
 
@@ -141,3 +154,69 @@ def test_status_fails_when_an_engine_fell_back_to_ucx(standins: Standins, monkey
     assert result.exit_code == 1, result.output
     assert re.search(r"nixl-backend\s+FAIL\s+pdserve-raycluster-decode-worker-0: UCX only: NIXL fell back to UCX, "
                      r"which runs at TCP speed on EFA", result.output), result.output
+
+
+def after_probe(*, gbps: float, prompt_tokens: int = 3072, failed: float = 0.0) -> dict[str, TransferCounters]:
+    """BEFORE plus one transfer of ``prompt_tokens`` tokens' KV at ``gbps``."""
+    kv_bytes = prompt_tokens * KV_BYTES_PER_TOKEN
+    moved = TransferCounters(bytes=kv_bytes, seconds=kv_bytes / (gbps * 1e9), transfers=1.0, failed=failed)
+    return {DECODE_URL: BEFORE[DECODE_URL].plus(moved)}
+
+
+def test_kv_link_reports_the_probes_own_transfer_not_the_totals() -> None:
+    check = kv_link_check(BEFORE, after_probe(gbps=3.1), bar_gbps=0.5, prompt_tokens=3072, waited_s=15)
+    assert check == Check("kv-link", "OK", f"{DECODE_URL}: 453.0 MB in 1 transfer at 3.1 GB/s (prompt 3072 tokens)")
+
+
+def test_kv_link_under_slow_kv_gbps_fails_saying_to_check_libfabric_on_efa() -> None:
+    check = kv_link_check(BEFORE, after_probe(gbps=0.3), bar_gbps=0.5, prompt_tokens=3072, waited_s=15)
+    assert check.result == "FAIL"
+    assert check.detail.startswith(f"{DECODE_URL}: 453.0 MB in 1 transfer at 0.3 GB/s (prompt 3072 tokens), "
+                                   "under gateway.slow_kv_gbps 0.5 GB/s. ")
+    assert ADVICE[Link.NETWORK] in check.detail and "`fi_info -p efa`" in check.detail
+
+
+def test_kv_link_with_a_failed_transfer_fails_even_when_fast() -> None:
+    check = kv_link_check(BEFORE, after_probe(gbps=3.1, failed=1.0), bar_gbps=0.5, prompt_tokens=3072, waited_s=15)
+    assert check.result == "FAIL"
+    assert check.detail.startswith(f"{DECODE_URL}: 1 KV transfer(s) failed (prompt 3072 tokens). ")
+    assert ADVICE[Link.NETWORK] in check.detail
+
+
+def test_kv_link_without_a_new_transfer_is_skipped_saying_the_prompt_was_recomputed() -> None:
+    for after in (BEFORE, {}):  # the counters did not move; the gateway has read no engine yet
+        check = kv_link_check(BEFORE, after, bar_gbps=0.5, prompt_tokens=3072, waited_s=15)
+        assert check == Check("kv-link", "SKIPPED", "no decode engine counted a KV transfer within 15 s of a "
+                                                    "3072-token PD request: it recomputed the prompt instead (is "
+                                                    "the KV connector set on both engines?)")
+
+
+def test_kv_link_judges_the_engine_that_moved_most_when_others_serve_traffic_too() -> None:
+    other = "http://10.0.3.8:8200"
+    before = {**BEFORE, other: TransferCounters(bytes=1e6, seconds=1.0, transfers=1.0)}
+    after = {**after_probe(gbps=3.1), other: TransferCounters(bytes=2e6, seconds=2.0, transfers=2.0)}
+    check = kv_link_check(before, after, bar_gbps=0.5, prompt_tokens=3072, waited_s=15)
+    assert (check.result, check.detail.split(":")[:2]) == ("OK", ["http", "//10.0.3.7"])
+
+
+def test_kv_link_prompt_leaves_room_for_the_output_token_up_to_3072() -> None:
+    assert [kv_link_prompt_tokens(length) for length in (2048, 3136, 32768)] == [1984, 3072, 3072]
+
+
+@pytest.mark.parametrize(("env", "exit_code", "row"), [
+    # 3072 tokens x 147,456 bytes at the stand-in's 3 GB/s
+    ({"PDSERVE_MODEL__MAX_MODEL_LEN": "4096"}, 0,
+     r"kv-link\s+OK\s+http://10\.0\.3\.7:8200: 453\.0 MB in 1 transfer at 3 GB/s \(prompt 3072 tokens\)"),
+    ({"STANDIN_KV_GBPS": "0.2"}, 1,
+     (r"kv-link\s+FAIL\s+http://10\.0\.3\.7:8200: 292\.6 MB in 1 transfer at 0\.2 GB/s \(prompt 1984 tokens\), under "
+     r"gateway\.slow_kv_gbps 0\.5 GB/s\. use NIXL's LIBFABRIC")),
+], ids=["measured", "too-slow"])
+def test_status_measures_the_kv_link_with_one_long_pd_request(
+    standins: Standins, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], exit_code: int, row: str,  # noqa: F811
+) -> None:
+    assert cloud(standins, "up").exit_code == 0
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    result = cloud(standins, "status")
+    assert result.exit_code == exit_code, result.output
+    assert re.search(row, result.output), result.output
