@@ -207,7 +207,8 @@ class RoutingSpec(_Frozen):
         "decode cost: this many prompt tokens cached on an engine weigh as much as one more request on it"))
     affinity_margin_requests: float = Field(1.0, ge=0, description=(
         "decode: the engine holding most of a prompt's prefix keeps it unless another is cheaper by more than "
-        "this many requests, beyond the recompute the cost already counts (hysteresis)"))
+        "the prefix is worth in requests, at most this many, beyond the recompute the cost already counts "
+        "(hysteresis)"))
     waiting_weight: float = Field(1.0, ge=0, description=(
         "decode cost: what a request waiting in an engine's queue weighs on top of being a request"))
     kv_usage_weight: float = Field(4.0, ge=0, description=(

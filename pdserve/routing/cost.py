@@ -55,15 +55,16 @@ def choose_decode(views: Sequence[EngineView], *, spec: RoutingSpec, turn: int) 
     passed over while any other has room: a request there would preempt running ones.
 
     Hysteresis: the engine holding most of the prompt's prefix keeps it unless another is cheaper by
-    more than ``affinity_margin_requests`` (on top of the recompute that the cost already counts), so a
-    load reading that is one request off never moves a conversation."""
+    more than the prefix is worth (its cached tokens in requests, at most ``affinity_margin_requests``)
+    on top of the recompute that the cost already counts: a reading a request off does not move a
+    conversation with a long prefix, and a prompt with little cached has little reason to stay."""
     roomy = [view for view in views if view.kv_usage < spec.kv_usage_full] or list(views)
     best = cheapest(roomy, lambda view: decode_cost(view, spec=spec), turn=turn)
     holder = max(roomy, key=lambda view: view.cached_tokens)
     if holder.cached_tokens <= best.cached_tokens:  # the prefix is no reason to prefer one over the other
         return best
-    margin = decode_cost(holder, spec=spec) - decode_cost(best, spec=spec)
-    return holder if margin <= spec.affinity_margin_requests else best
+    band = min(spec.affinity_margin_requests, holder.cached_tokens / spec.cached_tokens_per_request)
+    return holder if decode_cost(holder, spec=spec) - decode_cost(best, spec=spec) <= band else best
 
 
 def choose_prefill(views: Sequence[EngineView], *, prompt_tokens: float, turn: int) -> EngineView:

@@ -48,15 +48,21 @@ def test_prefill_engine_by_queued_tokens_and_overlap() -> None:
     assert choose_prefill([queued, cached], prompt_tokens=3000, turn=0).url == "cached"
 
 
-def test_a_conversation_stays_on_the_engine_holding_its_prefix_unless_the_other_is_cheaper_by_the_margin() -> None:
-    """A 750-token prefix weighs 0.73 requests: one request more on its holder would move it without the margin."""
+def test_a_conversation_stays_on_the_engine_holding_its_prefix_unless_the_other_is_cheaper_by_the_band() -> None:
+    """A 750-token prefix weighs 0.73 requests: one request more on its holder would move it without the band."""
     holder = EngineView("holder", running=1, cached_tokens=750)
     idle = EngineView("idle")
     assert decode_cost(holder, spec=SPEC) > decode_cost(idle, spec=SPEC)  # the cost alone would move it
     assert choose_decode([idle, holder], spec=SPEC, turn=0).url == "holder"
     assert choose_decode([idle, holder], spec=RoutingSpec(affinity_margin_requests=0), turn=0).url == "idle"
-    busier = EngineView("holder", running=3, cached_tokens=750)  # 2.27 requests dearer: past the margin of 1
+    busier = EngineView("holder", running=3, cached_tokens=750)  # 2.27 requests dearer: past the band of 0.73
     assert choose_decode([idle, busier], spec=SPEC, turn=0).url == "idle"
+
+
+def test_a_short_cached_prompt_moves_to_a_new_idle_engine() -> None:
+    """A repeated short prompt (50 tokens, 0.05 requests) on a busy engine: a new engine takes its share."""
+    holder = EngineView("holder", running=1, cached_tokens=50)
+    assert choose_decode([EngineView("new"), holder], spec=SPEC, turn=0).url == "new"
 
 
 def test_engines_holding_the_same_prefix_still_take_turns() -> None:
