@@ -108,9 +108,12 @@ def cloud_status(settings: Settings, *, progress: Progress, timeout_s: float = 1
 
 async def _checks(settings: Settings, engines: Sequence[str], *, timeout_s: float) -> list[Check]:
     """The gateway's checks and each engine pod's NIXL backend, read side by side."""
+    expected = kubernetes_settings(settings).kv.backends  # the backends the cluster runs with
+    exec_timeout_s = min(timeout_s, EXEC_TIMEOUT_S)
     through_gateway, backends = await asyncio.gather(
         _checks_through_gateway(settings, timeout_s=timeout_s),
-        asyncio.gather(*(_backend_check(settings, pod, timeout_s=min(timeout_s, EXEC_TIMEOUT_S)) for pod in engines)),
+        asyncio.gather(*(_backend_check(settings, pod, expected=expected, timeout_s=exec_timeout_s)
+                         for pod in engines)),
     )
     return [*through_gateway, *backends, _ENGINE_PROBE]
 
@@ -270,9 +273,8 @@ def kv_link_check(before: dict[str, TransferCounters], after: dict[str, Transfer
     return Check(KV_LINK_CHECK, "OK", measured)
 
 
-async def _backend_check(settings: Settings, pod: str, *, timeout_s: float) -> Check:
-    """``pod``'s nixl-backend row from one ``kubectl exec ... grep``, against the backends the cluster runs with."""
-    expected = kubernetes_settings(settings).kv.backends
+async def _backend_check(settings: Settings, pod: str, *, expected: Sequence[str], timeout_s: float) -> Check:
+    """``pod``'s nixl-backend row from one ``kubectl exec ... grep``, against the ``expected`` backends."""
     try:
         exit_code, stdout, stderr = await _run(backend_grep_argv(settings, pod), timeout_s=timeout_s)
     except TimeoutError:

@@ -26,7 +26,6 @@ POD_HEADER = ("POD", "READY", "STATUS", "RESTARTS", "NODE", "IP")
 NODE_HEADER = ("NODE", "INSTANCE-TYPE", "ZONE", "READY", "GPU", "EFA")
 APP_HEADER = ("APP", "STATUS")
 _ZONE_LABEL = "topology.kubernetes.io/zone"
-# Serve's state of a deployment whose replicas fail their health checks (an engine that exited or hangs).
 _COMPONENT_LABEL = "app.kubernetes.io/component"
 _INSTANCE_LABEL = "app.kubernetes.io/instance"
 

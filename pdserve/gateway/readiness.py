@@ -129,8 +129,9 @@ async def _warm_one(pair: Pair, orchestrator: Orchestrator, pool: Pool, readines
     try:
         await warm_pair(pair, warm_up_body(model), request_id)
     except LegFailed as exc:
-        failed = [endpoint for endpoint in pool.all(exc.role) if exc.url.startswith(endpoint.url)]
-        for endpoint in failed:  # as a client's failed leg: counted, and the circuit breaker told
+        url = pair[0] if exc.role is Role.PREFILL else pair[1]
+        for endpoint in [endpoint for endpoint in pool.all(exc.role) if endpoint.url == url]:
+            # as a client's failed leg: counted, and the circuit breaker told
             orchestrator.leg_failed(endpoint, request_id, exc, is_unreachable=exc.status is None)
         readiness.warm_up_error = client_error(exc, request_id=request_id).message
         log.warning("request_id=%s warm-up of the pair %s -> %s failed: %s", request_id, *pair, exc)
