@@ -67,9 +67,14 @@ class Admission:
             self._hold_s = held_s if self._hold_s == 0.0 else self._hold_s + _HOLD_WEIGHT * (held_s - self._hold_s)
             self._gateway_line.wake()
 
-    async def engines_with_room(self, role: Role, candidates: Callable[[], list[Endpoint]]) -> list[Endpoint]:
+    async def engines_with_room(self, role: Role, candidates: Callable[[], list[Endpoint]], *,
+                                over_cap: bool = False) -> list[Endpoint]:
         """The ``candidates`` (read afresh at each look) with room for one more leg, once any has
         room, waiting in ``role``'s line for it; empty once no candidate is left at all.
+
+        With ``over_cap`` (a request moving off a failed engine) there is no wait: those with room,
+        else every candidate. It was admitted once and its slot went with the failed engine;
+        queued behind new arrivals, a stream already flowing would end in an error.
 
         The caller must take its engine slot (``engine_slot``) before it next awaits.
         Raises Overloaded when the queue is full or the wait passes ``queue_timeout_s``.
@@ -78,6 +83,8 @@ class Admission:
             return [endpoint for endpoint in candidates()
                     if endpoint.in_flight < self._spec.max_in_flight_per_engine]
 
+        if over_cap:
+            return with_room() or candidates()
         line = self._engine_lines[role]
         if line.waiters or not (room := with_room()):
             await self._wait(line, lambda: bool(with_room()) or not candidates())

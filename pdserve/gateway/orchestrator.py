@@ -82,7 +82,7 @@ class Orchestrator:
             raise
         self._router.record(key, leg.endpoint)
         relay = Relay(call, leg, mode=Mode.PD if kv is not None else Mode.LOCAL, prefill_done_s=prefill_done_s, kv=kv,
-                      reopen=lambda body: self._open_decode(call, body, tried, decode_policy),
+                      reopen=lambda body: self._open_decode(call, body, tried, decode_policy, over_cap=True),
                       leg_failed=self.leg_failed, spec=self._spec, metrics=self._metrics, handoffs=self._handoffs,
                       recent=self.recent)
         if call.is_stream:
@@ -137,8 +137,10 @@ class Orchestrator:
         self._metrics.legs[Role.PREFILL].observe(time.perf_counter() - call.arrived_s)
         return replace(kv, prefill_url=endpoint.url)  # the request's log line names it (relay.py)
 
-    async def _open_decode(self, call: Call, body: dict[str, Any], tried: list[Endpoint], policy: Policy) -> DecodeLeg:
-        """Send ``body`` to a decode engine not in ``tried`` (which grows by each one tried).
+    async def _open_decode(self, call: Call, body: dict[str, Any], tried: list[Endpoint], policy: Policy, *,
+                           over_cap: bool = False) -> DecodeLeg:
+        """Send ``body`` to a decode engine not in ``tried`` (which grows by each one tried);
+        ``over_cap`` for a request moving off a failed one (``Admission.engines_with_room``).
 
         A stream waits at most ``first_token_timeout_s`` for its headers; a whole reply, whose
         headers come with its last token, until the request's deadline.
@@ -156,7 +158,7 @@ class Orchestrator:
 
         try:
             endpoint, (response, trace) = await self._failover(Role.DECODE, call.request_id, stack, tried, policy,
-                                                               attempt)
+                                                               attempt, over_cap=over_cap)
         except BaseException:
             stack.close()
             raise
@@ -164,19 +166,20 @@ class Orchestrator:
 
     async def _failover(
         self, role: Role, request_id: str, stack: ExitStack, tried: list[Endpoint], policy: Policy,
-        attempt: Callable[[Endpoint], Awaitable[T]],
+        attempt: Callable[[Endpoint], Awaitable[T]], *, over_cap: bool = False,
     ) -> tuple[Endpoint, T]:
         """Run ``attempt`` on the endpoint ``policy`` chooses among those not in ``tried``; on
         LegFailed try the next healthy one.
 
         Safe because a failed leg produced nothing the client saw. While every candidate is at
-        ``max_in_flight_per_engine``, waits in line (raises Overloaded past the queue's bounds).
+        ``max_in_flight_per_engine``, waits in line (raises Overloaded past the queue's bounds), unless ``over_cap``.
         The chosen endpoint's engine slot is held on ``stack`` until the caller closes it.
         """
         last_error: LegFailed | None = None
         for _ in range(self._spec.leg_attempts):
             candidates = await self._admission.engines_with_room(
-                role, lambda: [endpoint for endpoint in self._pool.healthy(role) if endpoint not in tried])
+                role, lambda: [endpoint for endpoint in self._pool.healthy(role) if endpoint not in tried],
+                over_cap=over_cap)
             if not candidates:
                 break
             endpoint = policy.choose(candidates)

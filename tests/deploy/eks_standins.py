@@ -30,6 +30,7 @@ No pdserve imports: it runs as a separate process, as the real tools would.
 
 from __future__ import annotations
 
+import fcntl
 import http.server
 import json
 import os
@@ -72,10 +73,15 @@ def main(tool: str, argv: list[str]) -> int:
     if _is_failing(tool, words):
         print(f"Error: simulated failure of {tool} {' '.join(words)}", file=sys.stderr)
         return 1
+    if tool == "kubectl" and words[0] == "port-forward":
+        return _serve_gateway()  # runs until killed, beside other calls: it neither reads nor writes the model
+    # One call at a time reads and writes the model, as an API server serialises writes to one object.
     state_path = Path(os.environ["STANDIN_STATE"])
-    state: dict[str, Any] = json.loads(state_path.read_text()) if state_path.exists() else {}
-    code = answer(tool, words, stdin, state)
-    state_path.write_text(json.dumps(state))
+    with open(state_path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state: dict[str, Any] = json.loads(state_path.read_text()) if state_path.exists() else {}
+        code = answer(tool, words, stdin, state)
+        state_path.write_text(json.dumps(state))
     return code
 
 
@@ -85,8 +91,6 @@ def answer(tool: str, words: list[str], stdin: str, state: dict[str, Any]) -> in
         return _eksctl(words, stdin, state)
     if command.startswith("aws ec2 describe-instance-type-offerings"):
         print(json.dumps(OFFERINGS))
-    elif command.startswith("kubectl port-forward"):
-        return _serve_gateway()
     elif tool == "kubectl" and words[0] == "exec":
         return _exec(words, state)
     elif tool == "kubectl" and words[0] in ("get", "patch", "apply", "delete", "run", "create"):

@@ -118,6 +118,25 @@ async def test_an_engine_ending_its_stream_with_its_own_error_event_is_resumed_o
     assert 'pdserve_decode_switches_total{kind="resumed"} 1.0' in metrics
 
 
+async def test_a_stream_moving_off_a_failed_engine_is_not_queued_behind_a_full_one() -> None:
+    prefill, a, b = FakeEngine(), FakeEngine(), FakeEngine()
+    async with gateway_over([prefill], [a, b], max_in_flight_per_engine=1, queue_timeout_s=0.3) as base:
+        for engine in (a, b):
+            engine.words, engine.token_delay_s = WORDS * 4, 0.1  # 2 s a stream: far past the queue's 0.3 s
+        body = {"model": MODEL, "prompt": "hi", "stream": True}
+        holder = asyncio.create_task(post(base, {**body, "prompt": "holds a slot"}))
+        while not any(body.get("stream") for body in a.bodies + b.bodies):
+            await asyncio.sleep(0.01)
+        failing = b if a.bodies else a  # the other engine, the one with room, takes the next stream
+        failing.error_event_after = 2
+        status, payload = await post(base, body)
+        metrics = await metrics_of(base)
+        await holder
+    assert status == 200 and text_of(payload).startswith("".join(WORDS[:2]))  # no error event either
+    assert payload.endswith(b"data: [DONE]\n\n")
+    assert 'pdserve_decode_switches_total{kind="resumed"} 1.0' in metrics
+
+
 async def test_a_resumed_chat_stream_reads_as_one_message() -> None:
     prefill, a, b = FakeEngine(), FakeEngine(), FakeEngine()
     async with gateway_over([prefill], [a, b]) as base:
