@@ -20,6 +20,7 @@ from pdserve.role import Role
 
 ENV_PREFIX = "PDSERVE_"
 DEMO_MODEL_NAME = "pdserve-demo"
+NODE_HOST = "node"  # gateway.host on Ray: each replica binds the address of the node it runs on
 DECODE_BASE_PORT = 8200
 
 
@@ -136,7 +137,11 @@ class KVTransferSpec(_Frozen):
 
 
 class GatewaySpec(_Frozen):
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", description=(
+        f"address the gateway binds; on Ray, {NODE_HOST} = the address of the node each replica runs on"))
+    replicas: int = Field(1, ge=1, description=(
+        "gateway replicas on Ray and Kubernetes, at most one per node offering ray.gateway_resources, each serving "
+        "the API; `pdserve up` runs one (its gateway.workers share the port)"))
     port: int = Field(8000, ge=1, le=65535)
     connect_timeout_s: float = Field(5.0, gt=0)
     # Deadlines per phase: past one, the leg is aborted on its engine (its connection closed), then
@@ -201,6 +206,9 @@ class RoutingSpec(_Frozen):
     chars_per_token: float = Field(4.0, gt=0, description="prompt tokens are estimated from characters at this rate")
     prefix_chunk_chars: int = Field(256, ge=16, description=(
         "prompts are hashed in chunks of this many characters to estimate what each engine has cached"))
+    home_key_chars: int = Field(1024, ge=1, description=(
+        "a completion prompt's home decode engine, which every gateway process agrees on, follows from its first "
+        "this many characters (a chat's from its messages up to the first user message)"))
     prefix_cache_tokens: int = Field(262144, ge=1, description=(
         "an engine's prefix cache in tokens, until its /metrics reports the size of its KV cache"))
     cached_tokens_per_request: float = Field(1024.0, gt=0, description=(

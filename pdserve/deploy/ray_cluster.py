@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
 
-from pdserve.config import Settings
+from pdserve.config import NODE_HOST, Settings
 from pdserve.deploy.serve import serve_config
 from pdserve.errors import DeployError, EngineStartFailed
 from pdserve.up import ready_line, wait_ready
@@ -72,9 +72,10 @@ async def ray_down(settings: Settings, *, progress: Callable[[str], None]) -> No
 
 
 def gateway_url(settings: Settings) -> str:
-    """Where clients reach the gateway: its configured address, or the head's if it binds all."""
+    """Where clients reach the gateway: its configured address, or the head's if it binds all or
+    each replica its node's (``node``: then the replica on the head)."""
     host = settings.gateway.host
-    if host in WILDCARD_HOSTS:
+    if host in (*WILDCARD_HOSTS, NODE_HOST):
         host = urlsplit(settings.ray.address).hostname or "127.0.0.1"
     return f"http://{host}:{settings.gateway.port}"
 

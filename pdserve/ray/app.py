@@ -1,5 +1,6 @@
 """Build the Ray Serve application from pdserve's configuration: a prefill and a decode
-deployment of engine replicas, and the gateway replica that fronts them.
+deployment of engine replicas, the registry they announce themselves to, and the gateway
+replicas that front them.
 
 Ray Serve places, restarts and counts the replicas; nothing here schedules anything.
 """
@@ -14,14 +15,17 @@ from ray.serve import Application
 from pdserve.config import PoolSpec, Settings, parse_settings
 from pdserve.deploy.serve import pool_size_options
 from pdserve.ray.engine_replica import EngineReplica, stop_budget_s
-from pdserve.ray.gateway_replica import GatewayReplica
-from pdserve.ray.names import GATEWAY_DEPLOYMENT
+from pdserve.ray.gateway_replica import GatewayReplica, registration_ttl_s
+from pdserve.ray.names import GATEWAY_DEPLOYMENT, REGISTRY_DEPLOYMENT
+from pdserve.ray.registry_replica import EngineRegistry
 from pdserve.role import Role
 
 HEALTH_CHECK_MARGIN_S = 5.0
 # Serve's own default. Three checks in a row past it replace the replica, and a busy node can hold
 # up the replica actor itself; whether the engine answers is judged by ray.engine_unresponsive_s.
 SERVE_HEALTH_CHECK_TIMEOUT_S = 30.0
+# Every engine renews each health check and every gateway reads every MIRROR_INTERVAL_S: far below this.
+REGISTRY_ONGOING_REQUESTS = 1000
 
 
 def app(args: dict[str, Any]) -> Application:
@@ -30,12 +34,17 @@ def app(args: dict[str, Any]) -> Application:
     engines = {
         role: serve.deployment(**engine_options(settings, role))(EngineReplica).bind(args, role.value) for role in Role
     }
+    ttl_s = registration_ttl_s(settings.ray, health_timeout_s=settings.gateway.health_timeout_s)
+    registry = serve.deployment(
+        name=REGISTRY_DEPLOYMENT, num_replicas=1, max_ongoing_requests=REGISTRY_ONGOING_REQUESTS,
+        ray_actor_options={"num_cpus": 0, "resources": dict(settings.ray.gateway_resources)},
+    )(EngineRegistry).bind(ttl_s)
     gateway = serve.deployment(
-        name=GATEWAY_DEPLOYMENT, num_replicas=1,
+        name=GATEWAY_DEPLOYMENT, num_replicas=settings.gateway.replicas, max_replicas_per_node=1,
         ray_actor_options={"num_cpus": settings.ray.gateway_cpus, "resources": dict(settings.ray.gateway_resources)},
         health_check_period_s=settings.ray.health_check_period_s,
     )(GatewayReplica)
-    application: Application = gateway.bind(args, engines[Role.PREFILL], engines[Role.DECODE])
+    application: Application = gateway.bind(args, engines[Role.PREFILL], engines[Role.DECODE], registry)
     return application
 
 

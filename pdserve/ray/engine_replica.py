@@ -1,7 +1,7 @@
 """One Ray Serve replica runs one vLLM engine on the node Ray placed it on, bound to that node's
 address (NIXL side channel and ``VLLM_HOST_IP`` included). Serve's health check asks the
 engine's ``/health``; each healthy answer also renews the engine's registration with the
-gateway, so a replica Serve replaces or adds is used within seconds.
+engine registry, which every gateway replica copies, so a replica Serve replaces or adds is used within seconds.
 
 Replacing an engine costs a full start (a minute on CPU, minutes on a GPU), so a running engine
 that misses probes is given ``ray.engine_unresponsive_s`` before Serve is told: a busy CPU engine
@@ -35,7 +35,7 @@ from pdserve.engines.kv_link import probe_host_link
 from pdserve.engines.kv_path import KvPathLog
 from pdserve.engines.launcher import EngineProcess, bring_up
 from pdserve.errors import EngineStartFailed
-from pdserve.ray.names import GATEWAY_DEPLOYMENT
+from pdserve.ray.names import REGISTRY_DEPLOYMENT
 from pdserve.ray.pool_size import report_stats
 from pdserve.role import Role
 from pdserve.routing.health import probe
@@ -48,7 +48,7 @@ STOP_MARGIN_S = 5.0
 
 
 def stop_budget_s(*, drain_timeout_s: float) -> float:
-    """How long Serve must give a stopping replica: leave the gateway, drain, stop the engine."""
+    """How long Serve must give a stopping replica: leave the gateways, drain, stop the engine."""
     return ANNOUNCE_TIMEOUT_S + drain_timeout_s + ENGINE_STOP_S + STOP_MARGIN_S
 
 
@@ -84,7 +84,7 @@ class EngineReplica:
         self._drain_timeout_s = settings.ray.drain_timeout_s
         self._unanswered = Unanswered(grace_s=settings.ray.engine_unresponsive_s)
         self._announcing: asyncio.Task[None] | None = None
-        self._gateway = serve.get_deployment_handle(GATEWAY_DEPLOYMENT, app_name=context.app_name)
+        self._registry = serve.get_deployment_handle(REGISTRY_DEPLOYMENT, app_name=context.app_name)
         log.info("starting %s at %s (log %s)", self._spec.name, self._spec.base_url, log_path)
         await self._engine.start()
         try:
@@ -96,8 +96,8 @@ class EngineReplica:
 
     async def check_health(self) -> None:
         """Raises when the engine has exited or not answered for ``ray.engine_unresponsive_s``:
-        Serve then replaces this replica. Registration with the gateway runs beside it, so a busy
-        gateway never fails an engine's health check."""
+        Serve then replaces this replica. Registration runs beside it, so a busy
+        registry never fails an engine's health check."""
         if not self._engine.is_running:
             tail = self._engine.log_tail()
             await self._engine.stop()  # its EngineCore and workers outlive a killed API server otherwise
@@ -123,12 +123,13 @@ class EngineReplica:
         return report_stats(await read_load(self._session, self._spec.base_url, timeout_s=self._health_timeout_s))
 
     async def _announce(self) -> None:
-        """Tell the gateway this engine serves; never fails the health check over it."""
+        """Tell the engine registry, and so every gateway, that this engine serves; never fails the
+        health check over it."""
         try:
-            await asyncio.wait_for(self._gateway.register.remote(self._role.value, self._spec.base_url,
+            await asyncio.wait_for(self._registry.register.remote(self._role.value, self._spec.base_url,
                                                                  self._kv_path_log.read()), timeout=ANNOUNCE_TIMEOUT_S)
         except (TimeoutError, RayError, RayServeException) as exc:
-            log.warning("could not register %s with the gateway yet: %r", self._spec.base_url, exc)
+            log.warning("could not register %s with the engine registry yet: %r", self._spec.base_url, exc)
 
     async def __del__(self) -> None:
         """Serve stops this replica (scale-down, replacement, teardown) within stop_budget_s."""
@@ -141,7 +142,7 @@ class EngineReplica:
         if self._announcing is not None:
             self._announcing.cancel()
         with contextlib.suppress(TimeoutError, RayError, RayServeException):
-            await asyncio.wait_for(self._gateway.unregister.remote(self._role.value, self._spec.base_url),
+            await asyncio.wait_for(self._registry.unregister.remote(self._role.value, self._spec.base_url),
                                    timeout=ANNOUNCE_TIMEOUT_S)
 
     async def _drain(self) -> None:

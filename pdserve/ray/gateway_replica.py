@@ -1,21 +1,28 @@
-"""The gateway as a Ray Serve replica on the CPU head: it serves the OpenAI API on its own port
-(tokens never pass through Serve's proxy or object store) and learns the engines from their
-replicas, which register on every Serve health check."""
+"""The gateway as a Ray Serve replica: it serves the OpenAI API on its own port (tokens never pass
+through Serve's proxy or object store) and copies which engines serve from the engine registry
+(registry_replica.py). Any number of them: ``gateway.replicas``, at most one per node."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import math
 from typing import Any
 
+import ray
+from ray.exceptions import RayError
+from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 
-from pdserve.config import RaySpec, parse_settings
-from pdserve.engines.kv_path import KvPath
+from pdserve.config import NODE_HOST, RaySpec, parse_settings
 from pdserve.gateway.app import build_app
 from pdserve.gateway.thread import GatewayThread
+from pdserve.ray.registry_replica import MIRROR_INTERVAL_S
 from pdserve.role import Role
 from pdserve.routing.sources import RegisteredEndpoints
 
+log = logging.getLogger(__name__)
 GATEWAY_START_S = 30.0
 
 
@@ -25,32 +32,43 @@ def registration_ttl_s(spec: RaySpec, *, health_timeout_s: float) -> float:
 
 
 class GatewayReplica:
-    def __init__(self, args: dict[str, Any], prefill: DeploymentHandle[Any], decode: DeploymentHandle[Any]) -> None:
+    async def __init__(self, args: dict[str, Any], prefill: DeploymentHandle[Any], decode: DeploymentHandle[Any],  # type: ignore[misc]  # Serve awaits it
+                 registry: DeploymentHandle[Any]) -> None:
         settings = parse_settings(args, source="Serve application args")
-        ttl_s = registration_ttl_s(settings.ray, health_timeout_s=settings.gateway.health_timeout_s)
-        self._registry = RegisteredEndpoints(ttl_s=ttl_s)
+        self._registry_ttl_s = registration_ttl_s(settings.ray, health_timeout_s=settings.gateway.health_timeout_s)
+        self._engines = RegisteredEndpoints(ttl_s=math.inf)  # the registry drops engines that stop renewing
         self._engine_deployments = (prefill, decode)  # bound so Serve deploys them with the gateway
-        self._server = GatewayThread(build_app(settings, self._registry), host=settings.gateway.host,
-                                     port=settings.gateway.port)
+        self._registry = registry
+        host = settings.gateway.host
+        if host == NODE_HOST:
+            host = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        self._server = GatewayThread(build_app(settings, self._engines), host=host, port=settings.gateway.port)
         self._server.start(timeout_s=GATEWAY_START_S)
+        self._mirroring = asyncio.create_task(self._mirror_registry())
 
-    def register(self, role: str, url: str, kv_path: KvPath) -> None:
-        """Called by engine replicas once ready and on each of their health checks."""
-        self._registry.register(Role(role), url, kv_path=kv_path)
-
-    def unregister(self, role: str, url: str) -> None:
-        """Called by an engine replica that Serve is stopping."""
-        self._registry.unregister(Role(role), url)
+    async def _mirror_registry(self) -> None:
+        """Copy the registry every MIRROR_INTERVAL_S; while it cannot be read, the engines known stay
+        (the gateway's own health probes still take a dead one out of rotation)."""
+        while True:
+            try:
+                age_s, engines = await asyncio.wait_for(self._registry.engines.remote(), timeout=GATEWAY_START_S)
+                self._engines.mirror(engines, keep_missing=age_s < self._registry_ttl_s)
+            except (TimeoutError, RayError, RayServeException) as exc:
+                log.warning("could not read the engine registry: %r; keeping the engines known", exc)
+            await asyncio.sleep(MIRROR_INTERVAL_S)
 
     def check_health(self) -> None:
+        if self._mirroring.done():
+            self._mirroring.result()  # raises what ended it
         self._server.check()
 
     async def __call__(self, _request: Request) -> dict[str, Any]:
         """Serve's own HTTP route: where the OpenAI API is, and the engines the gateway knows."""
         return {
             "openai_api": f"http://{self._server.host}:{self._server.port}/v1",
-            "engines": {role.value: self._registry.current(role) for role in Role},
+            "engines": {role.value: self._engines.current(role) for role in Role},
         }
 
     def __del__(self) -> None:
+        self._mirroring.cancel()
         self._server.stop()

@@ -3,6 +3,7 @@
 Decode engine, in requests: its load (requests it holds, those waiting, how full its KV cache
 is) less the prompt tokens it already has cached, at ``cached_tokens_per_request`` per request.
 Prefill engine, in tokens: the uncached prompt tokens queued on it plus this prompt's own.
+Among engines of equal cost, the prompt's home rank decides, the same in every gateway process.
 docs/routing.md explains the terms and the knobs (config.py, RoutingSpec).
 """
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 from pdserve.config import RoutingSpec
 
-TIE_TOLERANCE = 1e-6  # costs closer than this are equal: equal engines take turns
+TIE_TOLERANCE = 1e-6  # costs closer than this are equal: the higher home rank wins
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +31,15 @@ class EngineView:
     kv_usage: float = 0.0  # 0..1
     in_flight: int = 0  # legs this gateway process has open on it
     queued_prefill_tokens: float = 0.0  # uncached prompt tokens of the prefill legs open on it
-    cached_tokens: float = 0.0  # of this request's prompt, expected in its prefix cache
+    cached_tokens: float = 0.0  # of this request's prompt, expected in its prefix cache (this process's index)
+    home_tokens: float = 0.0  # of the prompt, held here if it is the prompt's home (prefix.py, home_text)
+    rank: int = 0  # for this prompt's home (prefix.py, home_rank)
+
+    @property
+    def affinity_tokens(self) -> float:
+        """What the decode choice weighs as cached: what this process saw routed here, or, at the
+        prompt's home, what every process expects there; either way all of them agree."""
+        return max(self.cached_tokens, self.home_tokens)
 
     def uncached_tokens(self, prompt_tokens: float) -> float:
         """Prompt tokens it would still have to compute (or receive) for this request."""
@@ -42,7 +51,7 @@ def decode_cost(view: EngineView, *, spec: RoutingSpec) -> float:
     larger of the two is the fresher lower bound of what it carries now."""
     requests = max(view.running + view.waiting, float(view.in_flight))
     load = requests + spec.waiting_weight * view.waiting + spec.kv_usage_weight * view.kv_usage
-    return load - view.cached_tokens / spec.cached_tokens_per_request
+    return load - view.affinity_tokens / spec.cached_tokens_per_request
 
 
 def prefill_cost(view: EngineView, *, prompt_tokens: float) -> float:
@@ -50,7 +59,7 @@ def prefill_cost(view: EngineView, *, prompt_tokens: float) -> float:
     return view.queued_prefill_tokens + view.uncached_tokens(prompt_tokens)
 
 
-def choose_decode(views: Sequence[EngineView], *, spec: RoutingSpec, turn: int) -> EngineView:
+def choose_decode(views: Sequence[EngineView], *, spec: RoutingSpec) -> EngineView:
     """The cheapest decode engine. Engines with a nearly full KV cache (``kv_usage_full``) are
     passed over while any other has room: a request there would preempt running ones.
 
@@ -59,22 +68,23 @@ def choose_decode(views: Sequence[EngineView], *, spec: RoutingSpec, turn: int) 
     on top of the recompute that the cost already counts: a reading a request off does not move a
     conversation with a long prefix, and a prompt with little cached has little reason to stay."""
     roomy = [view for view in views if view.kv_usage < spec.kv_usage_full] or list(views)
-    best = cheapest(roomy, lambda view: decode_cost(view, spec=spec), turn=turn)
-    holder = max(roomy, key=lambda view: view.cached_tokens)
-    if holder.cached_tokens <= best.cached_tokens:  # the prefix is no reason to prefer one over the other
+    best = cheapest(roomy, lambda view: decode_cost(view, spec=spec))
+    holder = max(roomy, key=lambda view: (view.affinity_tokens, view.rank))
+    if holder.affinity_tokens <= best.affinity_tokens:  # the prefix is no reason to prefer one over the other
         return best
-    band = min(spec.affinity_margin_requests, holder.cached_tokens / spec.cached_tokens_per_request)
+    band = min(spec.affinity_margin_requests, holder.affinity_tokens / spec.cached_tokens_per_request)
     return holder if decode_cost(holder, spec=spec) - decode_cost(best, spec=spec) <= band else best
 
 
-def choose_prefill(views: Sequence[EngineView], *, prompt_tokens: float, turn: int) -> EngineView:
+def choose_prefill(views: Sequence[EngineView], *, prompt_tokens: float) -> EngineView:
     """The prefill engine that would have this prompt's KV ready soonest."""
-    return cheapest(views, lambda view: prefill_cost(view, prompt_tokens=prompt_tokens), turn=turn)
+    return cheapest(views, lambda view: prefill_cost(view, prompt_tokens=prompt_tokens))
 
 
-def cheapest(views: Sequence[EngineView], cost: Callable[[EngineView], float], *, turn: int) -> EngineView:
-    """The view of least ``cost``; among equal ones the ``turn``-th (mod their count), so that
-    requests with nothing to tell engines apart spread over them instead of piling on the first.
+def cheapest(views: Sequence[EngineView], cost: Callable[[EngineView], float]) -> EngineView:
+    """The view of least ``cost``; among equal ones the highest ranked for this prompt's home, so
+    that prompts with nothing to tell engines apart spread over them by their homes, and every
+    gateway process sends the same prompt to the same engine.
 
     Raises ValueError for no views.
     """
@@ -82,5 +92,5 @@ def cheapest(views: Sequence[EngineView], cost: Callable[[EngineView], float], *
         raise ValueError("no engine to choose from")
     costs = [cost(view) for view in views]
     least = min(costs)
-    tied = [view for view, value in zip(views, costs, strict=True) if value - least <= TIE_TOLERANCE]
-    return tied[turn % len(tied)]
+    return max((view for view, value in zip(views, costs, strict=True) if value - least <= TIE_TOLERANCE),
+               key=lambda view: view.rank)

@@ -3,11 +3,16 @@
 The prompt is cut into fixed-size character chunks hashed in a chain, as vLLM chains its KV block
 hashes: a chunk's hash stands for the whole prompt up to its end. Per engine, a bounded LRU set
 remembers the chunk hashes of the prompts routed there, sized like the engine's cache, so the
-longest run of leading hashes found there is the expected cached prefix. No I/O.
+longest run of leading hashes found there is the expected cached prefix.
+
+That index is one gateway process's own. What every process and replica agrees on without sharing
+anything is the prompt's *home*: a digest of the conversation's opening, the same for each of its
+turns, ranks the engines (rendezvous hashing, ``home_rank``). No I/O.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -23,6 +28,8 @@ class PromptKey:
     chunk_chars: int
     chars: int  # of the canonical prompt text
     tokens: float  # estimated prompt tokens
+    home: bytes = b""  # digest of the conversation's opening: equal for each of its turns, in every process
+    home_tokens: float = 0.0  # of the prompt, those its home holds if the conversation's earlier turns went there
 
     def matched_tokens(self, matched_chunks: int) -> float:
         """Estimated tokens in the first ``matched_chunks`` chunks, at most the whole prompt."""
@@ -31,7 +38,8 @@ class PromptKey:
         return min(self.tokens, matched_chunks * self.chunk_chars * self.tokens / self.chars)
 
 
-def prompt_key(body: Mapping[str, Any], *, chunk_chars: int, chars_per_token: float) -> PromptKey:
+def prompt_key(body: Mapping[str, Any], *, chunk_chars: int, chars_per_token: float,
+               home_key_chars: int) -> PromptKey:
     """The key of a validated completions or chat request body (``prompt`` or ``messages``).
 
     Tokens are estimated at ``chars_per_token``, except for a prompt given as token ids.
@@ -41,8 +49,33 @@ def prompt_key(body: Mapping[str, Any], *, chunk_chars: int, chars_per_token: fl
         tokens = float(len(prompt))
     else:
         tokens = len(text) / chars_per_token
+    opening, history_chars = home_text(body, text, home_key_chars=home_key_chars)
     return PromptKey(hashes=chunk_hashes(text, chunk_chars=chunk_chars), chunk_chars=chunk_chars,
-                     chars=len(text), tokens=tokens)
+                     chars=len(text), tokens=tokens, home=hashlib.blake2b(opening.encode(), digest_size=8).digest(),
+                     home_tokens=tokens * history_chars / len(text) if text else 0.0)
+
+
+def home_text(body: Mapping[str, Any], text: str, *, home_key_chars: int) -> tuple[str, int]:
+    """(the conversation's opening, how many of ``text``'s leading characters its earlier turns sent).
+
+    A chat opens with its tools and messages up to its first user message, and its earlier turns
+    sent every message but the last. A completion has no turns to tell apart: its first
+    ``home_key_chars`` characters open it, and are all it is known to have sent before.
+    """
+    if "messages" not in body:
+        return text[:home_key_chars], min(len(text), home_key_chars)
+    messages = body["messages"]
+    first_user = next((index for index, message in enumerate(messages) if message.get("role") == "user"),
+                      len(messages) - 1)
+    opening = prompt_text({**body, "messages": messages[:first_user + 1]})
+    return opening, len(prompt_text({**body, "messages": messages[:-1]})) if len(messages) > 1 else 0
+
+
+def home_rank(home: bytes, url: str) -> int:
+    """The engine's rank for prompts of this home (rendezvous hashing): the highest ranked
+    candidate is the home, and if it leaves, each of its prompts moves to its own next, so the
+    other engines keep theirs. A stable digest, unlike Python's hash: every process agrees."""
+    return int.from_bytes(hashlib.blake2b(home + url.encode(), digest_size=8).digest(), "big")
 
 
 def prompt_text(body: Mapping[str, Any]) -> str:

@@ -1,18 +1,17 @@
 """Cache- and load-aware routing for the orchestrator: endpoints in, a choice and a decision out.
 
-Holds what outlives one request (the prefix index, whose turn it is among equal engines) and turns
-each candidate ``Endpoint`` into the ``EngineView`` the pure cost and decision functions weigh.
+Holds what outlives one request (the prefix index) and turns each candidate ``Endpoint`` into the
+``EngineView`` the pure cost and decision functions weigh, ranked for the prompt's home.
 Per request: ``key`` once, ``choose`` the decode engine, ``decide``, ``choose`` the prefill engine,
 ``record`` each leg sent, and hold ``prefilling`` around the prefill leg. No I/O.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pdserve.config import RoutingSpec
@@ -21,7 +20,7 @@ from pdserve.routing.cost import EngineView, choose_decode, choose_prefill
 from pdserve.routing.decision import Decision, Mode, decide
 from pdserve.routing.load import EngineLoad
 from pdserve.routing.pool import Endpoint
-from pdserve.routing.prefix import PrefixIndex, PromptKey, prompt_key
+from pdserve.routing.prefix import PrefixIndex, PromptKey, home_rank, prompt_key
 
 
 class Router:
@@ -32,24 +31,26 @@ class Router:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._spec, self._share, self._clock = spec, 1.0 / gateway_processes, clock
         self._index = PrefixIndex(default_capacity_chunks=self._capacity_chunks(spec.prefix_cache_tokens))
-        self._turns = {role: itertools.count() for role in Role}
         self._queried_tokens: dict[str, float] = {}  # per engine, at its last read: a drop means a restart
 
     def key(self, body: Mapping[str, Any]) -> PromptKey:
         """Hash a validated request body once; every other call takes the key."""
-        return prompt_key(body, chunk_chars=self._spec.prefix_chunk_chars, chars_per_token=self._spec.chars_per_token)
+        return prompt_key(body, chunk_chars=self._spec.prefix_chunk_chars, chars_per_token=self._spec.chars_per_token,
+                          home_key_chars=self._spec.home_key_chars)
 
     def choose(self, key: PromptKey, candidates: Sequence[Endpoint]) -> Endpoint:
-        """The cheapest of ``candidates`` (all of one role) for this prompt. Raises ValueError if empty."""
+        """The cheapest of ``candidates`` (all of one role) for this prompt; the highest ranked of
+        them is its home (prefix.py). Raises ValueError if empty."""
         if not candidates:
             raise ValueError("no engine to choose from")
-        views = [self.view(endpoint, key) for endpoint in candidates]
+        views = [replace(self.view(endpoint, key), rank=home_rank(key.home, endpoint.url)) for endpoint in candidates]
         by_url = {endpoint.url: endpoint for endpoint in candidates}
-        role = candidates[0].role
-        if role is Role.DECODE:
-            chosen = choose_decode(views, spec=self._spec, turn=next(self._turns[role]))
+        if candidates[0].role is Role.DECODE:
+            home = max(views, key=lambda view: view.rank)
+            views = [replace(view, home_tokens=key.home_tokens) if view is home else view for view in views]
+            chosen = choose_decode(views, spec=self._spec)
         else:
-            chosen = choose_prefill(views, prompt_tokens=key.tokens, turn=next(self._turns[role]))
+            chosen = choose_prefill(views, prompt_tokens=key.tokens)
         return by_url[chosen.url]
 
     def decide(self, key: PromptKey, decode: Endpoint, *, prefill: Sequence[Endpoint],

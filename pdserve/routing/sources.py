@@ -112,6 +112,23 @@ class RegisteredEndpoints:
             if self._last_seen_s.pop((role, url), None) is not None:
                 log.info("%s engine %s unregistered", role.value, url)
 
+    def snapshot(self) -> list[tuple[Role, str, KvPath]]:
+        """Every engine registered and renewed within the ttl, with its KV path, oldest first."""
+        current = {role: self.current(role) for role in Role}
+        with self._lock:
+            return [(role, url, self._kv_paths.get(url, UNREPORTED)) for role, urls in current.items() for url in urls]
+
+    def mirror(self, engines: Sequence[tuple[Role, str, KvPath]], *, keep_missing: bool = False) -> None:
+        """Become a copy of another registry's ``snapshot``; with ``keep_missing``, engines not in it stay
+        (a registry restarted moments ago has not heard from every engine yet)."""
+        listed = {(role, url) for role, url, _ in engines}
+        with self._lock:
+            missing = [] if keep_missing else [key for key in self._last_seen_s if key not in listed]
+        for role, url in missing:
+            self.unregister(role, url)
+        for role, url, kv_path in engines:
+            self.register(role, url, kv_path=kv_path)
+
     def current(self, role: Role) -> list[str]:
         """Registered urls of ``role`` renewed within the ttl, oldest registration first."""
         expired_before_s = time.monotonic() - self._ttl_s

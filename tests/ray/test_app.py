@@ -4,7 +4,7 @@ import socket
 
 from pdserve.config import RaySpec, parse_settings
 from pdserve.deploy.serve import serve_config
-from pdserve.ray.app import engine_options
+from pdserve.ray.app import app, engine_options
 from pdserve.ray.engine_replica import (
     Unanswered,
     port_if_free,
@@ -57,6 +57,15 @@ def test_a_running_engine_that_misses_probes_is_unhealthy_only_after_the_grace()
 
 def test_an_engine_survives_two_missed_health_checks_in_the_registry() -> None:
     assert registration_ttl_s(RaySpec(health_check_period_s=2.0), health_timeout_s=5.0) == 11.0
+
+
+def test_gateway_replicas_one_per_node_offering_the_gateway_resources_with_one_registry() -> None:
+    args = {"gateway": {"replicas": 3}, "ray": {"gateway_resources": {"head": 1}}}
+    gateway = app(args)._bound_deployment  # the ingress, as Serve is given it
+    registry = gateway.init_args[3]._bound_deployment
+    assert gateway.num_replicas == 3 and gateway._replica_config.max_replicas_per_node == 1
+    assert gateway.ray_actor_options["resources"] == {"head": 1.0}
+    assert (registry.name, registry.num_replicas, registry.ray_actor_options["num_cpus"]) == ("registry", 1, 0)
 
 
 def test_resizing_a_pool_changes_only_its_replica_count_in_the_serve_config() -> None:

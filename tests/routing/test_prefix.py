@@ -26,9 +26,9 @@ def test_a_conversations_next_turn_starts_with_the_text_of_the_turns_before() ->
 
 def test_completion_prompts_as_text_a_list_of_one_or_token_ids() -> None:
     assert prompt_text({"prompt": "hello"}) == prompt_text({"prompt": ["hello"]}) == "hello"
-    key = prompt_key({"prompt": list(range(100))}, chunk_chars=16, chars_per_token=4.0)
+    key = prompt_key({"prompt": list(range(100))}, chunk_chars=16, chars_per_token=4.0, home_key_chars=64)
     assert key.tokens == 100  # token ids are counted, not estimated
-    text_key = prompt_key({"prompt": "x" * 400}, chunk_chars=16, chars_per_token=4.0)
+    text_key = prompt_key({"prompt": "x" * 400}, chunk_chars=16, chars_per_token=4.0, home_key_chars=64)
     assert text_key.tokens == 100 and len(text_key.hashes) == 25
     assert text_key.matched_tokens(5) == pytest.approx(20.0)
     assert text_key.matched_tokens(99) == 100.0

@@ -42,13 +42,27 @@ def send(router: Router, pool: Pool, body: dict[str, Any]) -> Endpoint:
 
 def test_a_conversation_sticks_to_the_engine_that_holds_its_prefix_and_others_spread() -> None:
     router, pool = setup()
-    first_a = send(router, pool, conversation("kv caches", 1))
-    first_b = send(router, pool, conversation("schedulers", 1))
-    assert first_a is not first_b  # nothing to tell them apart: they take turns
-    first_a.load = EngineLoad(running=1, read_s=NOW_S)  # busier now, but it holds ~1900 tokens of the conversation
+    topics = [f"topic {number}" for number in range(24)]
+    first = {topic: send(router, pool, conversation(topic, 1)) for topic in topics}
+    assert 6 <= sum(engine.url == "d1" for engine in first.values()) <= 18  # homes spread
+    for engine in pool.all(Role.DECODE):  # one more request on each, as good as two engines get
+        engine.load = EngineLoad(running=1, read_s=NOW_S)
+    first["topic 0"].load = EngineLoad(running=2, read_s=NOW_S)  # busier now, yet it holds the conversation
     for turns in (2, 3):
-        assert send(router, pool, conversation("kv caches", turns)) is first_a
-        assert send(router, pool, conversation("schedulers", turns)) is first_b
+        assert all(send(router, pool, conversation(topic, turns)) is first[topic] for topic in topics)
+
+
+def test_every_gateway_process_sends_a_conversation_where_its_earlier_turns_went() -> None:
+    """Turns reaching processes that never saw the conversation (a load balancer, a new connection
+    each) go where the first process sent it, even with the other engine a request lighter."""
+    pool = Pool(prefill_urls=["p1"], decode_urls=["d1", "d2"])
+    routers = [Router(RoutingSpec(disaggregation="auto"), clock=lambda: NOW_S) for _ in range(4)]
+    for topic in [f"topic {number}" for number in range(12)]:
+        first = send(routers[0], pool, conversation(topic, 1))
+        first.load = EngineLoad(running=1, read_s=NOW_S)  # the other engine is idle
+        assert [send(router, pool, conversation(topic, turns)) for turns, router in enumerate(routers[1:], 2)] \
+            == [first] * 3
+        first.load = EngineLoad(read_s=NOW_S)
 
 
 def test_the_next_turn_of_a_conversation_is_prefilled_locally_on_its_engine() -> None:

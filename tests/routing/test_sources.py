@@ -45,6 +45,19 @@ def test_registrations_expire_unless_renewed(monkeypatch: pytest.MonkeyPatch) ->
     assert registry.current(Role.DECODE) == []
 
 
+def test_a_gateway_copy_follows_the_registry_and_keeps_its_engines_while_a_restarted_one_fills() -> None:
+    registry, copy = RegisteredEndpoints(ttl_s=10.0), RegisteredEndpoints(ttl_s=float("inf"))
+    registry.register(Role.DECODE, "http://d:1", kv_path=KvPath(("UCX",), ()))
+    registry.register(Role.PREFILL, "http://p:1")
+    copy.mirror(registry.snapshot())
+    assert copy.snapshot() == registry.snapshot()
+    registry.unregister(Role.DECODE, "http://d:1")
+    copy.mirror(registry.snapshot(), keep_missing=True)  # a registry restarted moments ago
+    assert copy.current(Role.DECODE) == ["http://d:1"]
+    copy.mirror(registry.snapshot())
+    assert copy.current(Role.DECODE) == [] and copy.current(Role.PREFILL) == ["http://p:1"]
+
+
 async def test_following_registrations_updates_the_pool_and_what_engines_report() -> None:
     registry, pool = RegisteredEndpoints(ttl_s=60.0, sync_interval_s=0.01), Pool()
     follower = asyncio.create_task(registry.follow(pool))

@@ -1,0 +1,117 @@
+"""Multi-turn chats through one gateway worker and through several, as a load balancer spreads them
+(issue "A gateway fleet"): does each conversation stay on the decode engine holding its prefix?
+
+    .venv/bin/python bench/conversations_through_workers.py [--arm NAME=WORKERS:keepalive|new ...]
+        [--rounds 3] [--conversations 6] [--turns 4] [--out docs/results/conversations-through-workers]
+
+Each arm runs on `pdserve up` started afresh (CPU demo: 1 prefill, 2 decode engines,
+``routing.disaggregation: auto``) with ``gateway.workers: WORKERS``. Its client sends the
+conversations' turns one request at a time, round-robin over the conversations, each turn carrying
+the replies before it; ``keepalive`` keeps one connection, ``new`` opens one per request, so the
+kernel hands each to any worker, as a load balancer would. Every conversation shares one
+~3,000-character system prompt. Per run: the decode engines' own prefix-cache hit rate over the
+run, and how many turn-to-turn moves changed decode engine (read from the engines' request
+counters). Prints a line per run; the last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.config_ab import machine_line
+from bench.prefix_routing import prefix_tokens
+from bench.soak import Deployment, start
+from pdserve.config import DEMO_MODEL_NAME
+
+ARMS = {"1 worker, keep-alive": "1:keepalive", "4 workers, new connection each": "4:new"}
+TOPICS = ("sockets", "files", "threads", "signals", "buffers", "processes", "pipes", "timers")
+SYSTEM_PROMPT = " ".join(f"Section {number}: the module provides functions for reading and writing files, "
+                         "sockets and other streams." for number in range(35))
+
+
+def parse_arm(text: str) -> tuple[str, str]:
+    name, _, how = text.partition("=")
+    workers, _, connection = how.partition(":")
+    if not (name and workers.isdigit() and connection in ("keepalive", "new")):
+        raise argparse.ArgumentTypeError(f"an arm is NAME=WORKERS:keepalive|new, not {text!r}")
+    return name, how
+
+
+def successes(urls: list[str]) -> list[float]:
+    """Requests each engine has finished (vLLM's counter, summed over its finish reasons)."""
+    return [sum(float(line.rsplit(" ", 1)[1]) for line in httpx.get(url + "/metrics", timeout=10).text.splitlines()
+                if line.startswith("vllm:request_success_total{")) for url in urls]
+
+
+def run_once(how: str, workdir: Path, *, conversations: int, turns: int) -> dict[str, Any]:
+    workers, connection = how.split(":")
+    deployment: Deployment = start(workdir, sections={"routing": {"disaggregation": "auto"},
+                                                      "gateway": {"workers": int(workers)}})
+    decode_urls = deployment.engine_urls[1:]
+    chats: list[list[dict[str, str]]] = [[{"role": "system", "content": SYSTEM_PROMPT}] for _ in range(conversations)]
+    served: list[list[int]] = [[] for _ in range(conversations)]
+    try:
+        queried_before, hit_before = prefix_tokens(decode_urls)
+        with httpx.Client(timeout=120) as keepalive:
+            for turn in range(turns):
+                for index, messages in enumerate(chats):
+                    messages.append({"role": "user", "content": f"Question {turn} about {TOPICS[index % len(TOPICS)]} "
+                                                                f"in conversation {index}?"})
+                    before = successes(decode_urls)
+                    body = {"model": DEMO_MODEL_NAME, "messages": messages, "max_tokens": 16, "temperature": 0}
+                    if connection == "new":
+                        with httpx.Client(timeout=120) as client:
+                            reply = client.post(deployment.base_url + "/v1/chat/completions", json=body)
+                    else:
+                        reply = keepalive.post(deployment.base_url + "/v1/chat/completions", json=body)
+                    reply.raise_for_status()
+                    messages.append({"role": "assistant", "content": reply.json()["choices"][0]["message"]["content"]})
+                    rises = [after - was for after, was in zip(successes(decode_urls), before, strict=True)]
+                    served[index].append(rises.index(max(rises)))
+        queried, hit = prefix_tokens(decode_urls)
+    finally:
+        deployment.stop()
+    moves = sum(engines[turn] != engines[turn - 1] for engines in served for turn in range(1, turns))
+    return {"decode_prefix_hit_rate": round((hit - hit_before) / (queried - queried_before), 4),
+            "moves": moves, "turn_to_turn": conversations * (turns - 1), "served": served,
+            "load_average": round(os.getloadavg()[0], 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arm", type=parse_arm, action="append",
+                        help="NAME=WORKERS:keepalive|new (default: " + ", ".join(f"{k}={v}" for k, v in ARMS.items()) + ")")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--conversations", type=int, default=6)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--out", type=Path, default=Path("runs/conversations-through-workers"))
+    args = parser.parse_args()
+    arms = dict(args.arm or ARMS.items())
+    print(machine_line(), flush=True)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
+    for round_number in range(1, args.rounds + 1):
+        for name, how in arms.items():
+            with tempfile.TemporaryDirectory(prefix="pdserve-conversations-") as workdir:
+                run = run_once(how, Path(workdir), conversations=args.conversations, turns=args.turns)
+            runs[name].append(run)
+            print(f"round {round_number} {name}: decode prefix hit rate {run['decode_prefix_hit_rate']:.1%}, "
+                  f"{run['moves']} of {run['turn_to_turn']} turns moved engine, load average {run['load_average']}",
+                  flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "runs.json").write_text(json.dumps(runs, indent=1))
+    print(json.dumps(runs))
+
+
+if __name__ == "__main__":
+    main()
