@@ -16,8 +16,8 @@ from pdserve.deploy.k8s_names import (
     GATEWAY_PORT_NAME,
     RAY_HEAD_PORTS,
     RAY_HEAD_PRIVATE_PORTS,
+    gateway_selector,
     gateway_service_name,
-    head_selector,
     object_labels,
     object_metadata,
 )
@@ -27,7 +27,9 @@ from pdserve.engines.kv_link import has_gpudirect
 from pdserve.errors import ConfigError
 from pdserve.role import Role
 
-HEAD_RESOURCE = "head"  # the Ray custom resource only the head offers, unless ray.gateway_resources names one
+# The Ray custom resource only the pods for gateway replicas offer, unless ray.gateway_resources names one:
+HEAD_RESOURCE = "head"  # the head, for one replica
+GATEWAY_RESOURCE = "gateway"  # the gateway worker group's pods, for more
 
 
 def kubernetes_settings(settings: Settings) -> Settings:
@@ -39,14 +41,20 @@ def kubernetes_settings(settings: Settings) -> Settings:
     - The gateway binds 0.0.0.0, so its Service reaches it from outside the head pod.
     - Engines keep vLLM's compiled model on the node's cache volume (``kubernetes.model_cache_path``).
     - A pool without custom resources asks for ``{<role>: 1}``, which only its worker group
-      offers; a gateway without them asks for ``{head: 1}``, which only the head offers.
+      offers; a gateway without them asks for ``{head: 1}``, which only the head offers, or with
+      ``gateway.replicas`` > 1 for ``{gateway: 1}``, which only the gateway worker group offers.
 
-    Raises ConfigError if EFA is on one pool only, or gateway.port is one of Ray's ports on the head.
+    Raises ConfigError if EFA is on one pool only, gateway.port is one of Ray's ports on the head,
+    or several gateway replicas would sit behind KubeRay's head Service (``upgrade: new_cluster``).
     """
     _check_gateway_port(settings)
+    if settings.gateway.replicas > 1 and settings.kubernetes.upgrade == "new_cluster":
+        raise ConfigError("gateway.replicas > 1 needs kubernetes.upgrade: recreate: with new_cluster, clients reach "
+                          "the gateway through KubeRay's head Service, which fronts the head pod only")
     efa = _is_efa_on(settings)
     pools = {role.value: _placed_pool(settings, role) for role in Role}
-    gateway_resources = settings.ray.gateway_resources or {HEAD_RESOURCE: 1.0}
+    gateway_resources = settings.ray.gateway_resources or {
+        HEAD_RESOURCE if settings.gateway.replicas == 1 else GATEWAY_RESOURCE: 1.0}
     return settings.model_copy(update={
         **pools,
         "kv": _efa_kv(settings) if efa else settings.kv,
@@ -100,7 +108,7 @@ def namespace(settings: Settings) -> dict[str, Any]:
 
 
 def gateway_service(settings: Settings) -> dict[str, Any]:
-    """ClusterIP in front of the gateway on the head pod: the cluster's OpenAI endpoint."""
+    """ClusterIP in front of the gateway replicas' pods: the cluster's OpenAI endpoint."""
     spec = settings.kubernetes
     port = {"name": GATEWAY_PORT_NAME, "port": settings.gateway.port, "targetPort": GATEWAY_PORT_NAME,
             "protocol": "TCP"}
@@ -108,7 +116,7 @@ def gateway_service(settings: Settings) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": object_metadata(spec, gateway_service_name(spec), "gateway"),
-        "spec": {"type": "ClusterIP", "selector": head_selector(spec), "ports": [port]},
+        "spec": {"type": "ClusterIP", "selector": gateway_selector(spec), "ports": [port]},
     }
 
 

@@ -18,6 +18,8 @@ RAY_TOKEN_SECRET_KEY = "auth_token"
 # The gateway's access keys (docs/reliability.md): client keys comma-separated, and the admin key.
 API_KEYS_SECRET_KEYS = {"PDSERVE_API_KEYS": "api_keys", "PDSERVE_ADMIN_KEY": "admin_key"}
 HEAD_COMPONENT = "head"
+GATEWAY_COMPONENT = "gateway"
+GATEWAY_POD_LABEL = "pdserve.io/gateway"  # "true" on each pod a gateway replica runs on
 HF_TOKEN_SECRET_KEY = "token"
 
 
@@ -35,14 +37,14 @@ def object_metadata(spec: KubernetesSpec, name: str, component: str) -> dict[str
     return {"name": name, "namespace": spec.namespace, "labels": object_labels(spec, component)}
 
 
-def head_selector(spec: KubernetesSpec) -> dict[str, str]:
-    """Selects the Ray head pod, which runs the gateway.
+def gateway_selector(spec: KubernetesSpec) -> dict[str, str]:
+    """Selects the pods a gateway replica runs on: the head, or with ``gateway.replicas`` > 1 the
+    pods of the ``gateway`` worker group.
 
     Not by ``ray.io/cluster``: a RayService names its RayCluster ``<name>-<suffix>`` and replaces
     it on upgrades, so that label changes; the instance label from the pod template does not.
     """
-    return {"app.kubernetes.io/instance": spec.name, "app.kubernetes.io/component": HEAD_COMPONENT,
-            "ray.io/node-type": "head"}
+    return {"app.kubernetes.io/instance": spec.name, GATEWAY_POD_LABEL: "true"}
 
 
 def ray_token_secret_name(spec: KubernetesSpec) -> str:

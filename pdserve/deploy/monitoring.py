@@ -12,7 +12,7 @@ from pdserve.config import KubernetesSpec, Settings
 from pdserve.deploy.k8s_names import (
     ENGINE_PORT_NAME,
     GATEWAY_PORT_NAME,
-    head_selector,
+    gateway_selector,
     object_labels,
     object_metadata,
 )
@@ -39,7 +39,7 @@ def gateway_pod_monitor(settings: Settings) -> dict[str, Any]:
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
         "metadata": _monitor_metadata(spec, f"{spec.name}-gateway", "gateway"),
-        "spec": {"selector": {"matchLabels": head_selector(spec)}, "podMetricsEndpoints": [endpoint]},
+        "spec": {"selector": {"matchLabels": gateway_selector(spec)}, "podMetricsEndpoints": [endpoint]},
     }
 
 

@@ -1,8 +1,9 @@
 """Pure: cluster-ready Settings -> the KubeRay RayService that runs ``pdserve.ray:app``. No I/O.
 
-A CPU-only head (Ray head, Serve controller, gateway replica) and one worker group per pool with
-one engine per pod. Placement is by Ray custom resources: each group offers the resources its
-pool's replicas ask for, so Serve can put a replica nowhere else.
+A CPU-only head (Ray head, Serve controller, the gateway replica) and one worker group per pool
+with one engine per pod; with ``gateway.replicas`` > 1, a CPU worker group ``gateway`` of that many
+pods takes the gateway replicas instead of the head. Placement is by Ray custom resources: each
+group offers the resources its replicas ask for, so Serve can put a replica nowhere else.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pdserve.config import KubernetesSpec, PoolSpec, Settings
 from pdserve.deploy.k8s_names import (
     API_KEYS_SECRET_KEYS,
     ENGINE_PORT_NAME,
+    GATEWAY_COMPONENT,
+    GATEWAY_POD_LABEL,
     GATEWAY_PORT_NAME,
     HEAD_COMPONENT,
     HF_TOKEN_SECRET_KEY,
@@ -44,6 +47,8 @@ UPGRADE_STRATEGIES = {"recreate": "None", "new_cluster": "NewCluster"}
 # How often the engine's /health is asked, and how many misses make the pod NotReady.
 READINESS_PERIOD_S = 5
 READINESS_FAILURES = 3
+# A gateway pod leaves its Service after one missed answer: clients then reach the other replicas.
+GATEWAY_READINESS_PERIOD_S = 2
 
 
 def rayservice(settings: Settings) -> dict[str, Any]:
@@ -55,7 +60,7 @@ def rayservice(settings: Settings) -> dict[str, Any]:
         # The operator needs the token too: it reads Serve's status from the dashboard.
         "authOptions": {"mode": "token", "secretName": ray_token_secret_name(spec)},
         "headGroupSpec": _head_group(settings),
-        "workerGroupSpecs": [_worker_group(settings, role) for role in Role],
+        "workerGroupSpecs": [*_gateway_groups(settings), *(_worker_group(settings, role) for role in Role)],
     }
     metadata = object_metadata(spec, spec.name, "rayservice")
     metadata["annotations"] = {PODS_HASH_ANNOTATION: pods_hash(cluster)}
@@ -85,9 +90,9 @@ def ray_resources_param(resources: dict[str, float]) -> str:
 
 
 def _head_group(settings: Settings) -> dict[str, Any]:
-    spec = settings.kubernetes
+    spec, has_gateway = settings.kubernetes, settings.gateway.replicas == 1
     params = {"num-gpus": "0"}
-    if settings.ray.gateway_resources:
+    if has_gateway and settings.ray.gateway_resources:
         params["resources"] = ray_resources_param(settings.ray.gateway_resources)
     ports = [{"name": name, "containerPort": port} for name, port in RAY_HEAD_PORTS.items()]
     container = {
@@ -98,12 +103,46 @@ def _head_group(settings: Settings) -> dict[str, Any]:
         "ports": [*ports, {"name": GATEWAY_PORT_NAME, "containerPort": settings.gateway.port}],
         "resources": _resources(cpus=spec.head_cpus, memory_gib=spec.head_memory_gib, devices={}),
     }
-    # For a Prometheus that discovers pods by annotation rather than through a PodMonitor.
+    pod = {"nodeSelector": dict(spec.head_node_labels), "containers": [container]}
+    template = {"metadata": _gateway_pod_metadata(settings, HEAD_COMPONENT, has_gateway=has_gateway), "spec": pod}
+    return {"rayStartParams": params, "template": template}
+
+
+def _gateway_groups(settings: Settings) -> list[dict[str, Any]]:
+    """With ``gateway.replicas`` > 1: one CPU pod per replica on the head's nodes, each Ready while
+    its gateway answers, so the gateway Service sends clients only to replicas that serve."""
+    spec, replicas = settings.kubernetes, settings.gateway.replicas
+    if replicas == 1:
+        return []
+    container = {
+        "name": "ray-worker",
+        "image": spec.image,
+        "imagePullPolicy": "IfNotPresent",
+        "env": [*_ray_auth_env(spec), *_gateway_keys_env(spec)],
+        "ports": [{"name": GATEWAY_PORT_NAME, "containerPort": settings.gateway.port}],
+        "resources": _resources(cpus=spec.head_cpus, memory_gib=spec.head_memory_gib, devices={}),
+        "readinessProbe": {"httpGet": {"path": "/health", "port": GATEWAY_PORT_NAME},
+                           "periodSeconds": GATEWAY_READINESS_PERIOD_S, "timeoutSeconds": GATEWAY_READINESS_PERIOD_S,
+                           "failureThreshold": 1},
+    }
+    pod = {"nodeSelector": dict(spec.head_node_labels), "containers": [container]}
+    return [{
+        "groupName": GATEWAY_COMPONENT,
+        "replicas": replicas, "minReplicas": replicas, "maxReplicas": replicas,
+        "rayStartParams": {"num-gpus": "0", "resources": ray_resources_param(settings.ray.gateway_resources)},
+        "template": {"metadata": _gateway_pod_metadata(settings, GATEWAY_COMPONENT, has_gateway=True), "spec": pod},
+    }]
+
+
+def _gateway_pod_metadata(settings: Settings, component: str, *, has_gateway: bool) -> dict[str, Any]:
+    """A pod's labels; on one that runs a gateway replica, the label its Service and PodMonitor select
+    and the annotations for a Prometheus that discovers pods by annotation rather than a PodMonitor."""
+    labels = object_labels(settings.kubernetes, component)
+    if not has_gateway:
+        return {"labels": labels}
     scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(settings.gateway.port),
               "prometheus.io/path": "/metrics"}
-    metadata = {"labels": object_labels(spec, HEAD_COMPONENT), "annotations": scrape}
-    pod = {"nodeSelector": dict(spec.head_node_labels), "containers": [container]}
-    return {"rayStartParams": params, "template": {"metadata": metadata, "spec": pod}}
+    return {"labels": {**labels, GATEWAY_POD_LABEL: "true"}, "annotations": scrape}
 
 
 def _worker_group(settings: Settings, role: Role) -> dict[str, Any]:

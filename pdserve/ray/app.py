@@ -37,7 +37,8 @@ def app(args: dict[str, Any]) -> Application:
     ttl_s = registration_ttl_s(settings.ray, health_timeout_s=settings.gateway.health_timeout_s)
     registry = serve.deployment(
         name=REGISTRY_DEPLOYMENT, num_replicas=1, max_ongoing_requests=REGISTRY_ONGOING_REQUESTS,
-        ray_actor_options={"num_cpus": 0, "resources": dict(settings.ray.gateway_resources)},
+        # Nothing but memory: a share of ray.gateway_resources would leave a gateway node's replica no room.
+        ray_actor_options={"num_cpus": 0},
     )(EngineRegistry).bind(ttl_s)
     gateway = serve.deployment(
         name=GATEWAY_DEPLOYMENT, num_replicas=settings.gateway.replicas, max_replicas_per_node=1,

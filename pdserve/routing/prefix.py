@@ -44,31 +44,24 @@ def prompt_key(body: Mapping[str, Any], *, chunk_chars: int, chars_per_token: fl
 
     Tokens are estimated at ``chars_per_token``, except for a prompt given as token ids.
     """
-    text, prompt = prompt_text(body), body.get("prompt")
+    prompt = body.get("prompt")
+    if "messages" in body:
+        pieces = _chat_pieces(body)
+        text = "".join(pieces)
+        # It opens with its tools and messages up to the first user message; its earlier turns sent all but the last.
+        first_user = next((index for index, message in enumerate(body["messages"], 1) if message.get("role") == "user"),
+                          len(pieces) - 1)
+        opening, history_chars = "".join(pieces[:first_user + 1]), len(text) - len(pieces[-1])
+    else:  # no turns to tell apart: its first home_key_chars characters open it, all it is known to have sent
+        text = prompt_text(body)
+        opening, history_chars = text[:home_key_chars], min(len(text), home_key_chars)
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
         tokens = float(len(prompt))
     else:
         tokens = len(text) / chars_per_token
-    opening, history_chars = home_text(body, text, home_key_chars=home_key_chars)
     return PromptKey(hashes=chunk_hashes(text, chunk_chars=chunk_chars), chunk_chars=chunk_chars,
                      chars=len(text), tokens=tokens, home=hashlib.blake2b(opening.encode(), digest_size=8).digest(),
                      home_tokens=tokens * history_chars / len(text) if text else 0.0)
-
-
-def home_text(body: Mapping[str, Any], text: str, *, home_key_chars: int) -> tuple[str, int]:
-    """(the conversation's opening, how many of ``text``'s leading characters its earlier turns sent).
-
-    A chat opens with its tools and messages up to its first user message, and its earlier turns
-    sent every message but the last. A completion has no turns to tell apart: its first
-    ``home_key_chars`` characters open it, and are all it is known to have sent before.
-    """
-    if "messages" not in body:
-        return text[:home_key_chars], min(len(text), home_key_chars)
-    messages = body["messages"]
-    first_user = next((index for index, message in enumerate(messages) if message.get("role") == "user"),
-                      len(messages) - 1)
-    opening = prompt_text({**body, "messages": messages[:first_user + 1]})
-    return opening, len(prompt_text({**body, "messages": messages[:-1]})) if len(messages) > 1 else 0
 
 
 def home_rank(home: bytes, url: str) -> int:
@@ -82,15 +75,20 @@ def prompt_text(body: Mapping[str, Any]) -> str:
     """A canonical text of the prompt: equal for equal prompts, and a conversation's next turn
     starts with the text of the turns before it, as its chat template's rendering would."""
     if "messages" in body:
-        tools = body.get("tools")
-        head = f"<tools>{json.dumps(tools, sort_keys=True)}</tools>\n" if tools else ""
-        return head + "".join(_message_text(message) for message in body["messages"])
+        return "".join(_chat_pieces(body))
     prompt = body.get("prompt", "")
     if isinstance(prompt, str):
         return prompt
     if prompt and isinstance(prompt[0], str):
         return str(prompt[0])  # a list of one string (protocol.py allows no more)
     return "".join(f"{token_id}," for token_id in prompt)  # token ids: equal leading ids, equal leading text
+
+
+def _chat_pieces(body: Mapping[str, Any]) -> list[str]:
+    """A chat's canonical text in pieces: its tools (empty without), then each message."""
+    tools = body.get("tools")
+    return [f"<tools>{json.dumps(tools, sort_keys=True)}</tools>\n" if tools else "",
+            *(_message_text(message) for message in body["messages"])]
 
 
 def _message_text(message: Mapping[str, Any]) -> str:

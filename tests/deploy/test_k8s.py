@@ -115,8 +115,7 @@ def test_pod_monitor_scrapes_the_gateway_metrics_on_the_head(manifests: dict[str
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     assert endpoint["path"] == "/metrics" and endpoint["port"] == "openai"
     head = ray_groups(manifests["RayService"])["head"]
-    assert service["spec"]["selector"].items() <= head["template"]["metadata"]["labels"].items() | {
-        ("ray.io/node-type", "head")}
+    assert service["spec"]["selector"].items() <= head["template"]["metadata"]["labels"].items()
 
 
 def test_service_fronts_the_gateway_port_of_the_head_container(manifests: dict[str, dict[str, Any]]) -> None:
@@ -224,6 +223,27 @@ def test_with_new_cluster_upgrades_the_gateway_is_reached_through_kuberays_head_
     assert "Service" not in [obj["kind"] for obj in objects]
     head_ports = {port["name"] for port in container(ray_groups(objects[1])["head"])["ports"]}
     assert "openai" in head_ports  # KubeRay's head Service carries every port of the head container
+
+
+def test_several_gateway_replicas_get_a_worker_group_of_their_own_behind_the_service() -> None:
+    objects = {obj["kind"]: obj for obj in reversed(render_manifests(
+        load_settings(EKS_EXAMPLE, overrides={"gateway.replicas": 3})))}
+    groups = ray_groups(objects["RayService"])
+    gateway, head = groups["gateway"], groups["head"]
+    assert (gateway["replicas"], gateway["minReplicas"], gateway["maxReplicas"]) == (3, 3, 3)
+    offered = json.loads(json.loads(gateway["rayStartParams"]["resources"]))
+    assert "resources" not in head["rayStartParams"]  # no replica on the head, outside the Service
+    selector = objects["Service"]["spec"]["selector"]
+    assert selector.items() <= gateway["template"]["metadata"]["labels"].items()
+    assert not selector.items() <= head["template"]["metadata"]["labels"].items()
+    probe = container(gateway)["readinessProbe"]
+    assert probe["httpGet"] == {"path": "/health", "port": "openai"} and probe["failureThreshold"] == 1
+    assert gateway["template"]["spec"]["nodeSelector"] == head["template"]["spec"]["nodeSelector"]
+    args = yaml.safe_load(objects["RayService"]["spec"]["serveConfigV2"])["applications"][0]["args"]
+    assert args["gateway"]["replicas"] == 3 and args["ray"]["gateway_resources"] == offered  # what replicas ask for
+    with pytest.raises(ConfigError, match="kubernetes.upgrade: recreate"):
+        render_manifests(load_settings(EKS_EXAMPLE, overrides={"gateway.replicas": 2,
+                                                               "kubernetes.upgrade": "new_cluster"}))
 
 
 def test_engine_pods_keep_weights_and_compile_cache_on_the_node_and_may_read_a_hugging_face_token() -> None:

@@ -65,7 +65,7 @@ def test_gateway_replicas_one_per_node_offering_the_gateway_resources_with_one_r
     registry = gateway.init_args[3]._bound_deployment
     assert gateway.num_replicas == 3 and gateway._replica_config.max_replicas_per_node == 1
     assert gateway.ray_actor_options["resources"] == {"head": 1.0}
-    assert (registry.name, registry.num_replicas, registry.ray_actor_options["num_cpus"]) == ("registry", 1, 0)
+    assert (registry.name, registry.num_replicas, registry.ray_actor_options) == ("registry", 1, {"num_cpus": 0})
 
 
 def test_resizing_a_pool_changes_only_its_replica_count_in_the_serve_config() -> None:

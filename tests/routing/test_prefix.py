@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from pdserve.routing.prefix import PrefixIndex, chunk_hashes, prompt_key, prompt_text
+from pdserve.routing.prefix import PrefixIndex, chunk_hashes, home_rank, prompt_key, prompt_text
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 20}
 
@@ -22,6 +24,25 @@ def test_a_conversations_next_turn_starts_with_the_text_of_the_turns_before() ->
               {"role": "user", "content": [{"type": "text", "text": "And prefix caching?"}]}]
     assert prompt_text({"messages": turn_2}).startswith(prompt_text({"messages": turn_1}))
     assert prompt_text({"messages": turn_1, "tools": [{"type": "function"}]}) != prompt_text({"messages": turn_1})
+
+
+def test_every_turn_of_a_conversation_has_its_home_and_expects_its_earlier_turns_there() -> None:
+    def key(*turns: str) -> Any:
+        messages: list[dict[str, str]] = [SYSTEM]
+        for turn in turns:
+            messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": "Noted."}]
+        return prompt_key({"messages": messages[:-1]}, chunk_chars=16, chars_per_token=4.0, home_key_chars=64)
+
+    first, third, other = key("What is a KV cache?"), key("What is a KV cache?", "Why?", "How big?"), key("Hi")
+    assert first.home == third.home != other.home  # the same opening, in any process (a stable digest)
+    assert third.home_tokens == pytest.approx(third.tokens * (third.chars - len("<|user|>How big?<|end|>\n"))
+                                              / third.chars)  # all but the new user message
+    assert first.home_tokens == pytest.approx(len(prompt_text({"messages": [SYSTEM]})) / 4.0)
+    ranks = {url: home_rank(first.home, url) for url in ("http://a:1", "http://b:1", "http://c:1")}
+    assert len(set(ranks.values())) == 3 and ranks == {url: home_rank(first.home, url) for url in ranks}
+    long_prompt = prompt_key({"prompt": "x" * 100 + "tail"}, chunk_chars=16, chars_per_token=4.0, home_key_chars=64)
+    assert long_prompt.home == prompt_key({"prompt": "x" * 100}, chunk_chars=16, chars_per_token=4.0,
+                                          home_key_chars=64).home and long_prompt.home_tokens == 16.0
 
 
 def test_completion_prompts_as_text_a_list_of_one_or_token_ids() -> None:
