@@ -1,14 +1,17 @@
 """Multi-turn chats through one gateway worker and through several, as a load balancer spreads them
 (issue "A gateway fleet"): does each conversation stay on the decode engine holding its prefix?
 
-    .venv/bin/python bench/conversations_through_workers.py [--arm NAME=WORKERS:keepalive|new ...]
+    .venv/bin/python bench/conversations_through_workers.py [--arm NAME=WORKERS:keepalive|new|ray ...]
         [--rounds 3] [--conversations 6] [--turns 4] [--out docs/results/conversations-through-workers]
 
-Each arm runs on `pdserve up` started afresh (CPU demo: 1 prefill, 2 decode engines,
-``routing.disaggregation: auto``) with ``gateway.workers: WORKERS``. Its client sends the
-conversations' turns one request at a time, round-robin over the conversations, each turn carrying
-the replies before it; ``keepalive`` keeps one connection, ``new`` opens one per request, so the
-kernel hands each to any worker, as a load balancer would. Every conversation shares one
+Each arm runs on the CPU demo started afresh (1 prefill, 2 decode engines, ``routing.disaggregation:
+auto``). ``WORKERS:keepalive`` and ``WORKERS:new``: `pdserve up` with ``gateway.workers: WORKERS``;
+``keepalive`` keeps one connection, ``new`` opens one per request, so the kernel hands each to any
+worker, as a load balancer would. ``WORKERS:ray``: `pdserve ray up` on a Ray cluster on loopback
+addresses (tests/e2e/ray_cluster.py) with ``gateway.replicas: WORKERS``, one per gateway node, and
+each turn of a conversation on a new connection to another replica than its turn before. Its client sends the conversations'
+turns one request at a time, round-robin over the conversations, each turn carrying the replies
+before it. Every conversation shares one
 ~3,000-character system prompt. Per run: the decode engines' own prefix-cache hit rate over the
 run, and how many turn-to-turn moves changed decode engine (read from the engines' request
 counters). Prints a line per run; the last line is JSON.
@@ -19,12 +22,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -33,9 +41,15 @@ from bench.config_ab import machine_line
 from bench.prefix_routing import prefix_tokens
 from bench.soak import Deployment, start
 from pdserve.config import DEMO_MODEL_NAME
+from tests.conftest import free_port
+from tests.e2e.ray_cluster import Node, local_cluster
 
-ARMS = {"1 worker, keep-alive": "1:keepalive", "4 workers, new connection each": "4:new"}
+ARMS = {"1 worker, keep-alive": "1:keepalive", "4 workers, new connection each": "4:new",
+        "2 Ray gateway replicas, new connection each": "2:ray"}
+GATEWAY_NODES = ("127.0.0.2", "127.0.0.5", "127.0.0.6", "127.0.0.7")  # the head first
+PREFILL_NODE, DECODE_NODE = "127.0.0.3", "127.0.0.4"
 TOPICS = ("sockets", "files", "threads", "signals", "buffers", "processes", "pipes", "timers")
+EXAMPLE = ROOT / "examples" / "ray-cpu.yaml"
 SYSTEM_PROMPT = " ".join(f"Section {number}: the module provides functions for reading and writing files, "
                          "sockets and other streams." for number in range(35))
 
@@ -43,8 +57,8 @@ SYSTEM_PROMPT = " ".join(f"Section {number}: the module provides functions for r
 def parse_arm(text: str) -> tuple[str, str]:
     name, _, how = text.partition("=")
     workers, _, connection = how.partition(":")
-    if not (name and workers.isdigit() and connection in ("keepalive", "new")):
-        raise argparse.ArgumentTypeError(f"an arm is NAME=WORKERS:keepalive|new, not {text!r}")
+    if not (name and workers.isdigit() and connection in ("keepalive", "new", "ray")):
+        raise argparse.ArgumentTypeError(f"an arm is NAME=WORKERS:keepalive|new|ray, not {text!r}")
     return name, how
 
 
@@ -56,32 +70,74 @@ def successes(urls: list[str]) -> list[float]:
 
 def run_once(how: str, workdir: Path, *, conversations: int, turns: int) -> dict[str, Any]:
     workers, connection = how.split(":")
-    deployment: Deployment = start(workdir, sections={"routing": {"disaggregation": "auto"},
-                                                      "gateway": {"workers": int(workers)}})
-    decode_urls = deployment.engine_urls[1:]
+    with ExitStack() as stack:
+        if connection == "ray":
+            gateway_urls, decode_urls = stack.enter_context(ray_deployment(workdir, replicas=int(workers)))
+        else:
+            deployment: Deployment = start(workdir, sections={"routing": {"disaggregation": "auto"},
+                                                              "gateway": {"workers": int(workers)}})
+            stack.callback(deployment.stop)
+            gateway_urls, decode_urls = [deployment.base_url], deployment.engine_urls[1:]
+        result = converse(gateway_urls, decode_urls, keepalive=connection == "keepalive",
+                          conversations=conversations, turns=turns)
+    return result
+
+
+@contextmanager
+def ray_deployment(workdir: Path, *, replicas: int) -> Iterator[tuple[list[str], list[str]]]:
+    """`pdserve ray up` of the CPU demo with 2 decode engines and ``replicas`` gateway replicas, on a
+    loopback Ray cluster; yields (the gateway replicas' URLs, the decode engines' URLs)."""
+    heads = GATEWAY_NODES[:replicas]
+    nodes = [Node(PREFILL_NODE, {"prefill": 1}, cpus=1), Node(DECODE_NODE, {"decode": 2}, cpus=2),
+             *(Node(ip, {"gateway": 1}, cpus=1) for ip in heads[1:])]
+    with local_cluster(Node(heads[0], {"head": 1, "gateway": 1}, cpus=1), nodes, temp_dir=workdir / "ray") as cluster:
+        config = yaml.safe_load(EXAMPLE.read_text())
+        port = free_port()
+        config["gateway"] = {"host": "node", "port": port, "replicas": replicas}
+        config["ray"] |= {"address": cluster.dashboard_url, "gateway_resources": {"gateway": 1}}
+        config["routing"] = {"disaggregation": "auto"}
+        config["decode"] |= {"engines": 2, "cpu_threads_bind": ["1"]}
+        config["prefill"] |= {"cpu_threads_bind": ["0"]}
+        config["launch"] = {"log_dir": str(workdir / "logs")}
+        (workdir / "pdserve.yaml").write_text(yaml.safe_dump(config))
+        subprocess.run([sys.executable, "-m", "pdserve", "ray", "up", "--config", str(workdir / "pdserve.yaml")],
+                       env=cluster.env, check=True, timeout=1500)
+        gateway_urls = [f"http://{ip}:{port}" for ip in heads]
+        for _ in range(120):  # every replica knows both decode engines
+            known = [httpx.get(url + "/health", timeout=10).json()["engines"]["decode"] for url in gateway_urls]
+            if all(len(engines) == 2 for engines in known):
+                break
+            time.sleep(1)
+        yield gateway_urls, sorted(engine["url"] for engine in known[0])
+        subprocess.run([sys.executable, "-m", "pdserve", "ray", "down", "--config", str(workdir / "pdserve.yaml")],
+                       env=cluster.env, check=False, timeout=300)
+
+
+def converse(gateway_urls: list[str], decode_urls: list[str], *, keepalive: bool, conversations: int,
+             turns: int) -> dict[str, Any]:
+    """The conversations' turns one request at a time; each turn of a conversation through the next
+    of ``gateway_urls`` than its turn before."""
     chats: list[list[dict[str, str]]] = [[{"role": "system", "content": SYSTEM_PROMPT}] for _ in range(conversations)]
     served: list[list[int]] = [[] for _ in range(conversations)]
-    try:
-        queried_before, hit_before = prefix_tokens(decode_urls)
-        with httpx.Client(timeout=120) as keepalive:
-            for turn in range(turns):
-                for index, messages in enumerate(chats):
-                    messages.append({"role": "user", "content": f"Question {turn} about {TOPICS[index % len(TOPICS)]} "
-                                                                f"in conversation {index}?"})
-                    before = successes(decode_urls)
-                    body = {"model": DEMO_MODEL_NAME, "messages": messages, "max_tokens": 16, "temperature": 0}
-                    if connection == "new":
-                        with httpx.Client(timeout=120) as client:
-                            reply = client.post(deployment.base_url + "/v1/chat/completions", json=body)
-                    else:
-                        reply = keepalive.post(deployment.base_url + "/v1/chat/completions", json=body)
-                    reply.raise_for_status()
-                    messages.append({"role": "assistant", "content": reply.json()["choices"][0]["message"]["content"]})
-                    rises = [after - was for after, was in zip(successes(decode_urls), before, strict=True)]
-                    served[index].append(rises.index(max(rises)))
-        queried, hit = prefix_tokens(decode_urls)
-    finally:
-        deployment.stop()
+    queried_before, hit_before = prefix_tokens(decode_urls)
+    with httpx.Client(timeout=120) as kept:
+        for turn in range(turns):
+            for index, messages in enumerate(chats):
+                messages.append({"role": "user", "content": f"Question {turn} about {TOPICS[index % len(TOPICS)]} "
+                                                            f"in conversation {index}?"})
+                before = successes(decode_urls)
+                body = {"model": DEMO_MODEL_NAME, "messages": messages, "max_tokens": 16, "temperature": 0}
+                url = gateway_urls[(turn + index) % len(gateway_urls)] + "/v1/chat/completions"
+                if keepalive:
+                    reply = kept.post(url, json=body)
+                else:
+                    with httpx.Client(timeout=120) as client:
+                        reply = client.post(url, json=body)
+                reply.raise_for_status()
+                messages.append({"role": "assistant", "content": reply.json()["choices"][0]["message"]["content"]})
+                rises = [after - was for after, was in zip(successes(decode_urls), before, strict=True)]
+                served[index].append(rises.index(max(rises)))
+    queried, hit = prefix_tokens(decode_urls)
     moves = sum(engines[turn] != engines[turn - 1] for engines in served for turn in range(1, turns))
     return {"decode_prefix_hit_rate": round((hit - hit_before) / (queried - queried_before), 4),
             "moves": moves, "turn_to_turn": conversations * (turns - 1), "served": served,

@@ -12,7 +12,7 @@ import aiohttp
 import typer
 
 from pdserve.bench.cli import bench_app
-from pdserve.cli_config import ConfigOption
+from pdserve.cli_config import ConfigOption, exit_on_errors
 from pdserve.cli_config import progress as _progress
 from pdserve.cli_config import run_or_exit as _run
 from pdserve.cli_config import settings_or_exit as _settings  # the commands here keep the short name
@@ -87,8 +87,9 @@ def serve(
     if decode_url:
         flags |= {"decode.urls": decode_url, "decode.engines": 0}
     settings = _settings(config, **flags)
-    server = make_gateway_server(settings, handle_signals=True)
     log = settings.launch.log_format
+    with exit_on_errors(log_format=log):
+        server = make_gateway_server(settings, handle_signals=True)
     progress_printer(log)(f"gateway on http://{settings.gateway.host}:{settings.gateway.port}/v1 "
                           f"({settings.gateway.workers} process{'es' if settings.gateway.workers > 1 else ''})")
     _run(server.serve(), log_format=log)
@@ -133,7 +134,6 @@ def status(
 ) -> None:
     """The running gateway's engines: role, address, health, load, prefix-cache hit rate, legs routed."""
     from pdserve.access import load_access_keys
-    from pdserve.cli_config import exit_on_errors
     from pdserve.status import fetch_rows, format_json, format_rows
 
     settings = _settings(config)
@@ -154,7 +154,6 @@ def scale(
 ) -> None:
     """Resize the pools of a running `pdserve up`: added engines join once ready, removed ones drain first."""
     from pdserve.access import load_access_keys
-    from pdserve.cli_config import exit_on_errors
     from pdserve.scale import format_members, parse_pools
     from pdserve.scale import scale as run_scale
 

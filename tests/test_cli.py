@@ -69,3 +69,10 @@ def test_up_failing_to_start_says_why_in_one_json_object_in_json_format(tmp_path
     assert result.returncode == 2
     (line,) = [json.loads(text) for text in result.stderr.splitlines()]
     assert line["level"] == "ERROR" and "ports already in use" in line["message"] and str(port) in line["message"]
+
+
+def test_gateway_host_node_outside_ray_exits_2_saying_what_to_bind(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    result = pdserve("serve", "--host", "node", "--prefill-url", dead, "--decode-url", dead, "--port", str(free_port()),
+                     cwd=tmp_path)
+    assert result.returncode == 2 and "gateway.host: node is for Ray" in result.stderr, result.stderr

@@ -22,9 +22,9 @@ from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from pdserve.access import load_access_keys
-from pdserve.config import Settings
+from pdserve.config import NODE_HOST, Settings
 from pdserve.engines.members import MembersFolder
-from pdserve.errors import EngineStartFailed
+from pdserve.errors import ConfigError, EngineStartFailed
 from pdserve.gateway.app import TRANSPORT_EXTENSION, build_app
 from pdserve.gateway.workers import SharedHealth, Worker, reuseport_socket
 from pdserve.logs import logging_off_the_loop
@@ -44,6 +44,9 @@ def make_gateway_server(settings: Settings, *, members: MembersFolder | None = N
     """The configured gateway: one uvicorn server here, or ``gateway.workers`` processes.
     ``members``: the engines `pdserve up` launched, which `pdserve scale` resizes."""
     spec = settings.gateway
+    if spec.host == NODE_HOST:
+        raise ConfigError(f"gateway.host: {NODE_HOST} is for Ray, where each replica binds its node's address; here "
+                          "give the address to bind (127.0.0.1, or 0.0.0.0 for every interface)")
     if spec.workers > 1:
         load_access_keys(spec)  # raises ConfigError here, before any worker starts, on bad access keys
         return GatewayWorkers(settings, members=members, handle_signals=handle_signals)
