@@ -126,7 +126,7 @@ class Gateway:
                     asyncio.create_task(monitor.watch(session, self.pool))]
         tasks = [asyncio.create_task(worker.serve_metrics(self.metrics.render))]
         if not worker.probes:
-            return [*tasks, asyncio.create_task(worker.health.follow(self.pool))]
+            return [*tasks, asyncio.create_task(worker.health.follow(self.pool, worker=worker.index))]
         return [*tasks, asyncio.create_task(health.watch(session, self.pool, spec=spec)),
                 asyncio.create_task(monitor.watch(session, self.pool)),
                 asyncio.create_task(worker.health.publish_forever(self.pool))]

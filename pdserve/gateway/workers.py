@@ -40,7 +40,10 @@ _GATHER_TIMEOUT_S = 2.0
 class SharedHealth:
     """Per engine the deployment may have (prefill urls, then decode urls, up to
     ``launch.max_engines_per_pool`` launched per pool, for `pdserve scale`): one byte, 1 = healthy, and
-    its last load reading (routing/load.py) as doubles, which routing in every worker weighs."""
+    its last load reading (routing/load.py) as doubles, which routing in every worker weighs. Also per
+    engine, the legs each worker has ended on it, and how many had ended when the load was read: a
+    read still counts a conversation's last turn that ended in another worker, so each worker takes
+    what ended since off it (routing/router.py, ``without_ended_legs``)."""
 
     def __init__(self, settings: Settings) -> None:
         self._keys = [(role, url.rstrip("/")) for role in (Role.PREFILL, Role.DECODE)
@@ -49,6 +52,9 @@ class SharedHealth:
         self._flags: SynchronizedArray[int] = context.Array("b", [1] * len(self._keys))
         self._loads: SynchronizedArray[float] = context.Array(
             "d", [value for _ in self._keys for value in dataclasses.astuple(EngineLoad())])
+        self._workers = settings.gateway.workers
+        self._ended: SynchronizedArray[int] = context.Array("q", [0] * (self._workers * len(self._keys)))
+        self._ended_at_read: SynchronizedArray[int] = context.Array("q", [0] * len(self._keys))
 
     def publish(self, pool: Pool) -> None:
         """Write ``pool``'s health and loads (worker 0's, which probes and scrapes) for the others."""
@@ -56,6 +62,19 @@ class SharedHealth:
         self._flags[:] = [int(endpoints[key].is_healthy) if key in endpoints else 1 for key in self._keys]
         self._loads[:] = [value for key in self._keys for value in dataclasses.astuple(
             endpoints[key].load if key in endpoints else EngineLoad())]
+        self._ended_at_read[:] = [endpoints[key].legs_ended_at_read if key in endpoints else 0 for key in self._keys]
+
+    def share_ended_legs(self, pool: Pool, *, worker: int) -> None:
+        """Write the legs ``worker`` ended on each engine, and take in those every other worker ended."""
+        count = len(self._keys)
+        endpoints = {(endpoint.role, endpoint.url): endpoint for role in Role for endpoint in pool.all(role)}
+        self._ended[worker * count:(worker + 1) * count] = [
+            endpoints[key].legs_ended if key in endpoints else 0 for key in self._keys]
+        ended = self._ended[:]
+        for index, key in enumerate(self._keys):
+            if (endpoint := endpoints.get(key)) is not None:
+                endpoint.legs_ended_elsewhere = sum(ended[other * count + index] for other in range(self._workers)
+                                                    if other != worker)
 
     def read(self) -> dict[tuple[Role, str], bool]:
         return {key: bool(flag) for key, flag in zip(self._keys, self._flags[:], strict=True)}
@@ -66,20 +85,23 @@ class SharedHealth:
 
     async def publish_forever(self, pool: Pool, *, interval_s: float = _SYNC_INTERVAL_S) -> None:
         while True:
+            self.share_ended_legs(pool, worker=0)
             self.publish(pool)
             await asyncio.sleep(interval_s)
 
-    async def follow(self, pool: Pool, *, interval_s: float = _SYNC_INTERVAL_S) -> None:
+    async def follow(self, pool: Pool, *, worker: int, interval_s: float = _SYNC_INTERVAL_S) -> None:
         """Copy published health into ``pool`` whenever it changes. A worker that marked an engine
         down after a failed leg keeps it down until worker 0's probes change their verdict."""
         applied: dict[tuple[Role, str], bool] = {}
         while True:
+            self.share_ended_legs(pool, worker=worker)
             current, loads = self.read(), self.read_loads()
+            ended_at_read = dict(zip(self._keys, self._ended_at_read[:], strict=True))
             for role in Role:
                 for endpoint in pool.all(role):
                     shared = loads.get((role, endpoint.url))
                     if shared is not None and shared.read_s != endpoint.load.read_s:
-                        endpoint.take_load(shared)
+                        endpoint.take_load(shared, legs_ended_at_read=ended_at_read[(role, endpoint.url)])
                     if current != applied:
                         endpoint.is_healthy = current.get((role, endpoint.url), endpoint.is_healthy)
             applied = current

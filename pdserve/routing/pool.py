@@ -33,18 +33,25 @@ class Endpoint:
     load: EngineLoad = field(default_factory=EngineLoad)  # its own /metrics, as last read: set it with take_load
     routed: int = 0  # legs this gateway process has sent it
     legs_ended: int = 0  # legs of this gateway process that have ended on it
-    legs_ended_at_read: int = 0  # legs_ended when ``load`` was read
+    legs_ended_elsewhere: int = 0  # ... of the other gateway workers on this host (shared memory, gateway/workers.py)
+    legs_ended_at_read: int = 0  # all_legs_ended when ``load`` was read
     queued_prefill_tokens: float = 0.0  # uncached prompt tokens of this process's prefill legs open on it
 
+    @property
+    def all_legs_ended(self) -> int:
+        """Legs every gateway process on this host has ended on the engine, as far as this one knows."""
+        return self.legs_ended + self.legs_ended_elsewhere
 
-    def take_load(self, load: EngineLoad) -> None:
-        """A new read of the engine's load; legs that end after it are not in it (``legs_ended_since_read``)."""
-        self.load, self.legs_ended_at_read = load, self.legs_ended
+    def take_load(self, load: EngineLoad, *, legs_ended_at_read: int | None = None) -> None:
+        """A new read of the engine's load; legs that end after it are not in it (``legs_ended_since_read``).
+        ``legs_ended_at_read``: ``all_legs_ended`` when the read was taken, if another process took it."""
+        self.load = load
+        self.legs_ended_at_read = self.all_legs_ended if legs_ended_at_read is None else legs_ended_at_read
 
     @property
     def legs_ended_since_read(self) -> int:
-        """This process's legs that ended on the engine after its load was read: that read still counts them."""
-        return self.legs_ended - self.legs_ended_at_read
+        """Legs that ended on the engine after its load was read: that read still counts them."""
+        return max(0, self.all_legs_ended - self.legs_ended_at_read)
 
 
 class Pool:

@@ -47,7 +47,26 @@ async def test_worker_zero_shares_each_engines_load_with_the_others() -> None:
     shared.publish(probing)
     assert shared.read_loads()[(Role.DECODE, "http://d:1")] == probing.all(Role.DECODE)[0].load
     assert shared.read_loads()[(Role.PREFILL, "http://p:1")] == EngineLoad()  # never read: -inf survives
-    follower = asyncio.create_task(shared.follow(other, interval_s=0.01))
+    follower = asyncio.create_task(shared.follow(other, worker=1, interval_s=0.01))
     await asyncio.sleep(0.05)
     follower.cancel()
     assert other.all(Role.DECODE)[0].load == probing.all(Role.DECODE)[0].load
+
+
+async def test_a_leg_another_worker_ended_after_the_read_is_taken_off_the_read_in_every_worker() -> None:
+    """Worker 0 read the engine while worker 1's leg ran; the leg ended; neither may count it now."""
+    settings = parse_settings({"prefill": {"engines": 0, "urls": ["http://p:1"]}, "gateway": {"workers": 2},
+                               "decode": {"engines": 0, "urls": ["http://d:1"]}, "cache_dir": "/tmp"}, source="test")
+    shared = SharedHealth(settings)
+    pools = [Pool(decode_urls=["http://d:1"]) for _ in range(2)]
+    (reader,), (other,) = (pool.all(Role.DECODE) for pool in pools)
+    with pools[1].in_flight(other):
+        reader.take_load(EngineLoad(running=1, read_s=1.0))  # worker 0's scrape
+        shared.publish(pools[0])
+    assert reader.legs_ended_since_read == 0  # not yet shared
+    follower = asyncio.create_task(shared.follow(pools[1], worker=1, interval_s=0.01))
+    await asyncio.sleep(0.05)
+    follower.cancel()
+    shared.share_ended_legs(pools[0], worker=0)
+    assert (reader.legs_ended_since_read, other.legs_ended_since_read) == (1, 1)
+    assert other.load == reader.load
