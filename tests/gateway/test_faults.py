@@ -166,12 +166,12 @@ async def test_an_engine_failing_every_leg_is_ejected_while_its_health_still_ans
     prefill, bad, good = FakeEngine(), FakeEngine(), FakeEngine()
     async with gateway_over([prefill], [bad, good], eject_after_failures=2, eject_for_s=60) as base:
         bad.reject_status = 500
-        for _ in range(6):
-            status, _ = await post(base, {"model": MODEL, "prompt": "hi"})
+        for number in range(16):  # prompts of different homes: the bad engine is some of theirs
+            status, _ = await post(base, {"model": MODEL, "prompt": f"hi {number}"})
             assert status == 200
         tries_when_ejected = len(bad.bodies)
-        for _ in range(4):
-            await post(base, {"model": MODEL, "prompt": "hi"})
+        for number in range(16, 24):
+            await post(base, {"model": MODEL, "prompt": f"hi {number}"})
         metrics = await metrics_of(base)
     assert tries_when_ejected == 2 and len(bad.bodies) == 2
     assert 'pdserve_engine_ejections_total{role="decode"} 1.0' in metrics
