@@ -17,11 +17,14 @@ import platform
 import re
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
+T = TypeVar("T")
 ENGINE_READY = re.compile(r"\s*(\S+)\s+ready\s+(\d+)s")  # `bench compare`'s line as each engine answers
 
 
@@ -44,6 +47,21 @@ def machine_line() -> str:
     """What a run's figures rest on, printed first: the CPU, its cores and the load average."""
     return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
             f"load average {os.getloadavg()[0]:.1f} at the start")
+
+
+def run_rounds(arms: dict[str, T], *, rounds: int, temp_prefix: str, run: Callable[[str, T, Path, int], dict[str, Any]],
+               describe: Callable[[dict[str, Any]], str]) -> dict[str, list[dict[str, Any]]]:
+    """Per round, each arm in order, each in a temporary directory of its own (``run(name, arm, workdir,
+    round_number)``); prints the machine first, then one line per run. Returns each arm's runs."""
+    print(machine_line(), flush=True)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
+    for round_number in range(1, rounds + 1):
+        for name, arm in arms.items():
+            with tempfile.TemporaryDirectory(prefix=temp_prefix) as workdir:
+                result = run(name, arm, Path(workdir), round_number)
+            runs[name].append(result)
+            print(f"round {round_number} {name}: {describe(result)}", flush=True)
+    return runs
 
 
 def parse_arm(text: str) -> tuple[str, dict[str, Any]]:

@@ -24,7 +24,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -37,7 +36,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.config_ab import machine_line
+from bench.config_ab import run_rounds
 from bench.prefix_routing import prefix_tokens
 from bench.soak import Deployment, start
 from pdserve.config import DEMO_MODEL_NAME
@@ -147,23 +146,18 @@ def converse(gateway_urls: list[str], decode_urls: list[str], *, keepalive: bool
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arm", type=parse_arm, action="append",
-                        help="NAME=WORKERS:keepalive|new (default: " + ", ".join(f"{k}={v}" for k, v in ARMS.items()) + ")")
+                        help="NAME=WORKERS:keepalive|new|ray (default: " + ", ".join(f"{k}={v}" for k, v in ARMS.items()) + ")")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--conversations", type=int, default=6)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--out", type=Path, default=Path("runs/conversations-through-workers"))
     args = parser.parse_args()
-    arms = dict(args.arm or ARMS.items())
-    print(machine_line(), flush=True)
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
-    for round_number in range(1, args.rounds + 1):
-        for name, how in arms.items():
-            with tempfile.TemporaryDirectory(prefix="pdserve-conversations-") as workdir:
-                run = run_once(how, Path(workdir), conversations=args.conversations, turns=args.turns)
-            runs[name].append(run)
-            print(f"round {round_number} {name}: decode prefix hit rate {run['decode_prefix_hit_rate']:.1%}, "
-                  f"{run['moves']} of {run['turn_to_turn']} turns moved engine, load average {run['load_average']}",
-                  flush=True)
+    runs = run_rounds(
+        dict(args.arm or ARMS.items()), rounds=args.rounds, temp_prefix="pdserve-conversations-",
+        run=lambda _name, how, workdir, _round: run_once(how, workdir, conversations=args.conversations,
+                                                         turns=args.turns),
+        describe=lambda run: (f"decode prefix hit rate {run['decode_prefix_hit_rate']:.1%}, {run['moves']} of "
+                              f"{run['turn_to_turn']} turns moved engine, load average {run['load_average']}"))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "runs.json").write_text(json.dumps(runs, indent=1))
     print(json.dumps(runs))

@@ -1,4 +1,4 @@
-"""Routing by prefix and load against round-robin, on the CPU demo with 1 prefill and 2 decode engines
+"""Routing by prefix and load against load alone, on the CPU demo with 1 prefill and 2 decode engines
 and a multi-turn chat workload (issue "Many engines"): conversations of 4 turns, a 256-token system
 prompt all share, 320 new prompt tokens and 32 output tokens a turn, so a conversation's own history
 is most of each later turn's prompt.
@@ -7,8 +7,8 @@ is most of each later turn's prompt.
 
 Each arm runs on `pdserve up` started afresh with ``routing.disaggregation: auto`` and the arm's JSON
 as more of its routing section. By default two arms: "prefix", the gateway's routing as configured
-by default; "round-robin", which weighs no cached prefix (``routing.cached_tokens_per_request``
-1e12), so engines of equal load take turns. Per run: `pdserve
+by default; "load-only", which weighs no cached prefix (``routing.cached_tokens_per_request``
+1e12), so only load tells engines apart (and, among equal ones, each prompt's home). Per run: `pdserve
 bench run --workload chat` through the gateway, and the decode engines' own prefix-cache counters
 before and after it. Prints per run TTFT p50/p90, the decode engines' prefix hit rate over the run
 and the gateway's decisions; the last line is JSON.
@@ -21,7 +21,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +29,12 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.config_ab import add_run_options, machine_line, parse_arm
+from bench.config_ab import add_run_options, parse_arm, run_rounds
 from bench.soak import Deployment, start
 from pdserve.routing.load import parse_engine_load
 
 # The routing section of each arm; --arm NAME=JSON replaces these.
-ARMS: dict[str, dict[str, Any]] = {"prefix": {}, "round-robin": {"cached_tokens_per_request": 1e12}}
+ARMS: dict[str, dict[str, Any]] = {"prefix": {}, "load-only": {"cached_tokens_per_request": 1e12}}
 
 
 def prefix_tokens(urls: list[str]) -> tuple[float, float]:
@@ -75,22 +74,16 @@ def run_once(name: str, routing: dict[str, Any], workdir: Path, *, rate: str, du
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arm", type=parse_arm, action="append", help="NAME=JSON routing section (default: "
-                        "prefix={} and round-robin={\"cached_tokens_per_request\": 1e12})")
+                        "prefix={} and load-only={\"cached_tokens_per_request\": 1e12})")
     add_run_options(parser, rate="2", duration=40.0, out="runs/prefix-routing")
     args = parser.parse_args()
-    arms = dict(args.arm or ARMS.items())
-    print(machine_line(), flush=True)
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
-    for round_number in range(1, args.rounds + 1):
-        for name, routing in arms.items():
-            with tempfile.TemporaryDirectory(prefix="pdserve-prefix-routing-") as workdir:
-                run = run_once(name, routing, Path(workdir), rate=args.rate, duration=args.duration,
-                               out=args.out / f"round{round_number}-{name}")
-            runs[name].append(run)
-            ttft = run["ttft_ms"]
-            print(f"round {round_number} {name}: TTFT p50 {ttft['p50']:.1f} p90 {ttft['p90']:.1f} ms, decode prefix "
-                  f"hit rate {run['decode_prefix_hit_rate']:.1%}, {run['requests']} requests {run['errors']} errors, "
-                  f"decisions {run['decisions']}, load average {run['load_average']}", flush=True)
+    runs = run_rounds(
+        dict(args.arm or ARMS.items()), rounds=args.rounds, temp_prefix="pdserve-prefix-routing-",
+        run=lambda name, routing, workdir, round_number: run_once(
+            name, routing, workdir, rate=args.rate, duration=args.duration, out=args.out / f"round{round_number}-{name}"),
+        describe=lambda run: (f"TTFT p50 {run['ttft_ms']['p50']:.1f} p90 {run['ttft_ms']['p90']:.1f} ms, decode prefix "
+                              f"hit rate {run['decode_prefix_hit_rate']:.1%}, {run['requests']} requests "
+                              f"{run['errors']} errors, decisions {run['decisions']}, load average {run['load_average']}"))
     print(json.dumps(runs))
 
 
