@@ -29,7 +29,7 @@ from pdserve.config import Settings
 from pdserve.errors import EngineStartFailed
 from pdserve.role import Role
 from pdserve.routing.load import EngineLoad
-from pdserve.routing.pool import Pool
+from pdserve.routing.pool import Endpoint, Pool
 
 log = logging.getLogger(__name__)
 _SYNC_INTERVAL_S = 0.25  # how soon a worker sees a health change or load reading worker 0 made
@@ -58,7 +58,7 @@ class SharedHealth:
 
     def publish(self, pool: Pool) -> None:
         """Write ``pool``'s health and loads (worker 0's, which probes and scrapes) for the others."""
-        endpoints = {(endpoint.role, endpoint.url): endpoint for role in Role for endpoint in pool.all(role)}
+        endpoints = _by_key(pool)
         self._flags[:] = [int(endpoints[key].is_healthy) if key in endpoints else 1 for key in self._keys]
         self._loads[:] = [value for key in self._keys for value in dataclasses.astuple(
             endpoints[key].load if key in endpoints else EngineLoad())]
@@ -66,8 +66,7 @@ class SharedHealth:
 
     def share_ended_legs(self, pool: Pool, *, worker: int) -> None:
         """Write the legs ``worker`` ended on each engine, and take in those every other worker ended."""
-        count = len(self._keys)
-        endpoints = {(endpoint.role, endpoint.url): endpoint for role in Role for endpoint in pool.all(role)}
+        count, endpoints = len(self._keys), _by_key(pool)
         self._ended[worker * count:(worker + 1) * count] = [
             endpoints[key].legs_ended if key in endpoints else 0 for key in self._keys]
         ended = self._ended[:]
@@ -106,6 +105,10 @@ class SharedHealth:
                         endpoint.is_healthy = current.get((role, endpoint.url), endpoint.is_healthy)
             applied = current
             await asyncio.sleep(interval_s)
+
+
+def _by_key(pool: Pool) -> dict[tuple[Role, str], Endpoint]:
+    return {(endpoint.role, endpoint.url): endpoint for role in Role for endpoint in pool.all(role)}
 
 
 @dataclass(frozen=True, slots=True)

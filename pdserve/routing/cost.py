@@ -32,7 +32,7 @@ class EngineView:
     in_flight: int = 0  # legs this gateway process has open on it
     queued_prefill_tokens: float = 0.0  # uncached prompt tokens of the prefill legs open on it
     cached_tokens: float = 0.0  # of this request's prompt, expected in its prefix cache (this process's index)
-    home_tokens: float = 0.0  # of the prompt, held here if it is the prompt's home (prefix.py, home_text)
+    home_tokens: float = 0.0  # of the prompt, held here if it is the prompt's home (prefix.py, prompt_key)
     rank: int = 0  # for this prompt's home (prefix.py, home_rank)
 
     @property

@@ -43,11 +43,14 @@ class Router:
         them is its home (prefix.py). Raises ValueError if empty."""
         if not candidates:
             raise ValueError("no engine to choose from")
-        views = [replace(self.view(endpoint, key), rank=home_rank(key.home, endpoint.url)) for endpoint in candidates]
+        ranks = {endpoint.url: home_rank(key.home, endpoint.url) for endpoint in candidates}
+        home = max(ranks, key=lambda url: ranks[url])
+        is_decode = candidates[0].role is Role.DECODE
+        views = [replace(self.view(endpoint, key), rank=ranks[endpoint.url],
+                         home_tokens=key.home_tokens if is_decode and endpoint.url == home else 0.0)
+                 for endpoint in candidates]
         by_url = {endpoint.url: endpoint for endpoint in candidates}
-        if candidates[0].role is Role.DECODE:
-            home = max(views, key=lambda view: view.rank)
-            views = [replace(view, home_tokens=key.home_tokens) if view is home else view for view in views]
+        if is_decode:
             chosen = choose_decode(views, spec=self._spec)
         else:
             chosen = choose_prefill(views, prompt_tokens=key.tokens)
