@@ -160,6 +160,9 @@ class GatewaySpec(_Frozen):
     leg_attempts: int = Field(2, ge=1, description="endpoints tried per leg before failing")
     local_fallback: bool = Field(True, description=(
         "when no prefill engine could prefill a request, the decode engine prefills it itself (no error)"))
+    first_token_from_prefill: bool = Field(True, description=(
+        "a streamed completion gets the prefill engine's token as its first token at once, and the decode "
+        "engine continues from it (attention-only models; pd/first_token.py says which requests)"))
     resume_streams: bool = Field(True, description=(
         "a stream whose decode engine fails mid-generation goes on from another decode engine "
         "(not for seeded sampling, guided decoding or tool calls: those end with an error event)"))

@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 KV_PARAMS = {"remote_engine_id": "fake", "remote_block_ids": [3, 4], "remote_host": "127.0.0.1", "remote_port": 1}
+FIRST_TOKEN_ID = 7  # the token a prefill reply samples
 WORDS = ["Hello", " there", ",", " friend", "."]
 # vLLM's /v1/models card (vllm/entrypoints/serve/engine/protocol.py ModelCard), as the demo engines give it.
 MODEL_CARD = {"id": "pdserve-demo", "object": "model", "created": 1764000000, "owned_by": "vllm",
@@ -39,6 +40,7 @@ class FakeEngine:
     models_requests: int = 0
     served_model: str = "pdserve-demo"  # any other model gets vLLM's 404
     words: list[str] = field(default_factory=lambda: list(WORDS))  # what it generates, one token each
+    prefill_stops_short: int = 0  # prompt tokens a prefill leaves to the decode engine (1: a hybrid model's)
 
     def app(self) -> Starlette:
         routes = [
@@ -68,13 +70,30 @@ class FakeEngine:
             error = {"message": self.reject_message, "type": "BadRequestError", "param": None, "code": 400}
             return JSONResponse({"error": error}, status_code=self.reject_status)
         if (body.get("kv_transfer_params") or {}).get("do_remote_decode"):
-            return JSONResponse({"choices": [{"text": "x"}], "usage": {"prompt_tokens": 7}, "kv_transfer_params": KV_PARAMS})
+            return JSONResponse(self._prefilled(body, request_id=request.headers.get("x-request-id", "fake")))
         if self.decode_gate is not None:
             await self.decode_gate.wait()
         if body.get("stream"):
             return StreamingResponse(self._sse(is_chat=request.url.path.endswith("/chat/completions")),
                                      media_type="text/event-stream")
         return JSONResponse({"choices": [{"text": "".join(self.words)}], "usage": {"completion_tokens": len(self.words)}})
+
+    def _prefilled(self, body: dict[str, Any], *, request_id: str) -> dict[str, Any]:
+        """A prefill reply as vLLM 0.26 shapes it (entrypoints/openai/completion/serving.py,
+        request_output_to_completion_response; kv_connector/v1/nixl/pull_scheduler.py, request_finished):
+        with ``return_token_ids``, the prompt's and the token's ids; ``remote_num_tokens``, the prompt
+        tokens the engine computed. This fake's tokens: one per word of a text prompt, ids from 100."""
+        prompt = body.get("prompt") if "prompt" in body else body.get("messages")
+        ids = prompt if isinstance(prompt, list) and all(isinstance(x, int) for x in prompt) else [
+            100 + index for index, _ in enumerate(str(prompt).split())]
+        choice: dict[str, Any] = {"index": 0, "text": self.words[0], "logprobs": None, "finish_reason": "length",
+                                  "stop_reason": None}
+        if body.get("return_token_ids"):
+            choice.update(prompt_token_ids=ids, token_ids=[FIRST_TOKEN_ID])
+        return {"id": f"cmpl-{request_id}", "object": "text_completion", "created": 1764000000,
+                "model": body.get("model"), "choices": [choice],
+                "usage": {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1},
+                "kv_transfer_params": {**KV_PARAMS, "remote_num_tokens": len(ids) - self.prefill_stops_short}}
 
     async def _sse(self, *, is_chat: bool):  # type: ignore[no-untyped-def]
         try:

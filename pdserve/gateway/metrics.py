@@ -87,6 +87,10 @@ class GatewayMetrics:
             "pdserve_decode_switches", "Requests moved to another decode engine after theirs failed: "
             "restarted (nothing streamed yet) or resumed (mid-stream).", ["kind"], registry=self.registry,
         )
+        self.prefill_first_tokens = Counter(
+            "pdserve_prefill_first_tokens", "Streamed completions whose first token was the prefill engine's, "
+            "sent before the decode engine had the KV cache (pd/first_token.py).", registry=self.registry,
+        )
         self.kv_releases = Counter(
             "pdserve_kv_releases", "KV handoffs no decode leg took, given back to their prefill engine.",
             registry=self.registry,

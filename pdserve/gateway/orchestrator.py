@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import ExitStack
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -33,8 +33,9 @@ from pdserve.gateway.metrics import GatewayMetrics
 from pdserve.gateway.recent import RecentRequests
 from pdserve.gateway.relay import DecodeLeg, Relay
 from pdserve.gateway.tracing import LegTrace
-from pdserve.pd import decode, prefill
+from pdserve.pd import decode, first_token, prefill
 from pdserve.pd.engine_http import EngineClient, EngineReply
+from pdserve.pd.first_token import FirstToken
 from pdserve.pd.kv import KVTransferParams
 from pdserve.role import Role
 from pdserve.routing import breaker
@@ -70,9 +71,21 @@ class Orchestrator:
         decision = self._router.decide(key, preferred, prefill=self._pool.healthy(Role.PREFILL), requested=call.mode)
         decode_policy = KeyedPolicy(self._router, key, preferred=preferred)
         self._metrics.disaggregation_decisions.labels(decision.mode.value, decision.reason.value).inc()
-        kv = await self._prefill_or_local(call, key) if decision.mode is Mode.PD else None
-        decode_body = call.body if kv is None else decode.make_body(call.body, kv)
+        wants_first_token = self._spec.first_token_from_prefill and first_token.applies(
+            call.body, path=call.path, is_stream=call.is_stream)
+        kv = await self._prefill_or_local(call, key, wants_first_token) if decision.mode is Mode.PD else None
         prefill_done_s = None if kv is None else time.perf_counter()
+        decode_body, lead = call.body if kv is None else decode.make_body(call.body, kv), None
+        first = None if kv is None or kv.first is None else first_token.for_client(call.body, kv.first)
+        if kv is not None and first is not None:
+            if first.finish_reason is not None:  # the prefill engine's token is the whole reply
+                self._release(kv, call.request_id)
+                return self._first_token_only(call, first)
+            candidate = first_token.lead(call.body, first)
+            continued = first_token.decode_body(candidate, dict(kv.fields), block_size=kv.block_size)
+            if continued is not None:
+                decode_body, lead = continued, candidate
+                self._metrics.prefill_first_tokens.inc()
         tried: list[Endpoint] = []
         try:
             leg = await self._open_decode(call, decode_body, tried, decode_policy)
@@ -82,7 +95,7 @@ class Orchestrator:
             raise
         self._router.record(key, leg.endpoint)
         relay = Relay(call, leg, mode=Mode.PD if kv is not None else Mode.LOCAL, prefill_done_s=prefill_done_s, kv=kv,
-                      reopen=lambda body: self._open_decode(call, body, tried, decode_policy, over_cap=True),
+                      lead=lead, reopen=lambda body: self._open_decode(call, body, tried, decode_policy, over_cap=True),
                       leg_failed=self.leg_failed, spec=self._spec, metrics=self._metrics, handoffs=self._handoffs,
                       recent=self.recent)
         if call.is_stream:
@@ -95,6 +108,22 @@ class Orchestrator:
             task.cancel()
         await asyncio.gather(*self._releases, return_exceptions=True)
 
+    def _first_token_only(self, call: Call, first: FirstToken) -> Reply:
+        """The reply when the prefill engine's token ends it (a stop token, or max_tokens 1)."""
+        chunks = (first_token.event(first), first_token.ending(call.body, first))
+        self._metrics.prefill_first_tokens.inc()
+
+        async def stream(_write_now: object = None) -> AsyncIterator[bytes]:
+            elapsed_s = time.perf_counter() - call.arrived_s
+            self._metrics.modes[Mode.PD.value].ttft.observe(elapsed_s)
+            self._metrics.modes[Mode.PD.value].e2e.observe(elapsed_s)
+            log.info("request_id=%s mode=pd status=200 elapsed_ms=%.1f ttft_ms=%.1f finish_reason=%s (the prefill "
+                     "engine's token)", call.request_id, elapsed_s * 1000, elapsed_s * 1000, first.finish_reason)
+            for chunk in chunks:
+                yield chunk
+
+        return Reply(stream=stream, close=lambda: None)
+
     def _choose_decode(self, key: PromptKey) -> Endpoint:
         """The decode engine the router prefers for this prompt, among those with room if any has.
         Waiting for room, if it comes to that, happens once the prompt is prefilled (``_failover``)."""
@@ -104,11 +133,11 @@ class Orchestrator:
         limit = self._spec.max_in_flight_per_engine
         return self._router.choose(key, [endpoint for endpoint in healthy if endpoint.in_flight < limit] or healthy)
 
-    async def _prefill_or_local(self, call: Call, key: PromptKey) -> KVTransferParams | None:
+    async def _prefill_or_local(self, call: Call, key: PromptKey, wants_first_token: bool) -> KVTransferParams | None:
         """The prefill leg's KV parameters; None when no prefill engine could prefill and the
         decode engine is to do it itself (``local_fallback``)."""
         try:
-            return await self._run_prefill(call, key)
+            return await self._run_prefill(call, key, wants_first_token)
         except (LegFailed, NoHealthyEndpoint) as exc:
             if not (self._spec.local_fallback and call.may_prefill_locally):
                 raise
@@ -119,14 +148,15 @@ class Orchestrator:
                         call.request_id, reason)
             return None
 
-    async def _run_prefill(self, call: Call, key: PromptKey) -> KVTransferParams:
-        body = prefill.make_body(call.body, connector=self._connector)
+    async def _run_prefill(self, call: Call, key: PromptKey, wants_first_token: bool) -> KVTransferParams:
+        body = prefill.make_body(call.body, connector=self._connector, wants_first_token=wants_first_token)
 
         async def attempt(endpoint: Endpoint) -> KVTransferParams:
             trace = call.trace.leg(Role.PREFILL, endpoint.url)
             with self._router.prefilling(key, endpoint), trace.attempt():
                 kv = await prefill.run(self._client, endpoint.url + call.path, body, request_id=call.request_id,
-                                       timeout_s=self._spec.prefill_timeout_s, trace_headers=trace.headers)
+                                       timeout_s=self._spec.prefill_timeout_s, trace_headers=trace.headers,
+                                       wants_first_token=wants_first_token)
             trace.prefilled(kv)
             return kv
 
@@ -135,7 +165,8 @@ class Orchestrator:
                                                 attempt)
         self._router.record(key, endpoint)
         self._metrics.legs[Role.PREFILL].observe(time.perf_counter() - call.arrived_s)
-        return replace(kv, prefill_url=endpoint.url)  # the request's log line names it (relay.py)
+        # The request's log line names the engine (relay.py); its block size maps the blocks (first_token.py).
+        return replace(kv, prefill_url=endpoint.url, block_size=int(endpoint.load.block_size))
 
     async def _open_decode(self, call: Call, body: dict[str, Any], tried: list[Endpoint], policy: Policy, *,
                            over_cap: bool = False) -> DecodeLeg:

@@ -21,8 +21,9 @@ from pdserve.gateway.handoffs import Handoffs
 from pdserve.gateway.metrics import GatewayMetrics, ModeMetrics
 from pdserve.gateway.recent import FinishedRequest, RecentRequests, status_of
 from pdserve.gateway.tracing import LegTrace
-from pdserve.pd import legs, resume
+from pdserve.pd import first_token, legs, resume
 from pdserve.pd.engine_http import EngineReply, EngineUnreachable
+from pdserve.pd.first_token import Lead
 from pdserve.pd.kv import KVTransferParams
 from pdserve.protocol import SSE_DONE, sse_error_event
 from pdserve.role import Role
@@ -71,9 +72,12 @@ class Relay:
     def __init__(
         self, call: Call, leg: DecodeLeg, *, mode: Mode, prefill_done_s: float | None, kv: KVTransferParams | None,
         reopen: Callable[[dict[str, Any]], Awaitable[DecodeLeg]], leg_failed: LegFailedHook, spec: GatewaySpec,
-        metrics: GatewayMetrics, handoffs: Handoffs, recent: RecentRequests,
+        metrics: GatewayMetrics, handoffs: Handoffs, recent: RecentRequests, lead: Lead | None = None,
     ) -> None:
+        """``lead``: the prefill engine's token, sent before the decode engine's (pd/first_token.py)."""
         self._call, self._leg, self._reopen, self._leg_failed = call, leg, reopen, leg_failed
+        self._lead = lead
+        self._counts_lead_in_usage = lead is not None  # the decode engine counted the lead as prompt
         self._spec, self._metrics, self._handoffs, self._recent = spec, metrics, handoffs, recent
         self._prefill_done_s = prefill_done_s  # None once the stream moved: no KV handoff to time
         self._kv, self._prefill_ms = kv, None if prefill_done_s is None else (prefill_done_s - call.arrived_s) * 1000
@@ -122,6 +126,11 @@ class Relay:
         observe_gap, sent = self._mode.itl.observe, self._sent
         push = None if write_now is None else self.push
         try:
+            if self._lead is not None:
+                self._previous_s = time.perf_counter()
+                self._first_token(self._previous_s)
+                sent.append(self._lead.event)
+                yield self._lead.event
             while True:
                 try:
                     async for chunk in self._leg.response.chunks(first_timeout_s=self._spec.first_token_timeout_s,
@@ -131,11 +140,15 @@ class Relay:
                             chunk, self._drop_role = resume.drop_role_events(chunk), False
                         if ENGINE_ERROR_EVENT in chunk:
                             raise _EngineErrorEvent(*chunk.split(ENGINE_ERROR_EVENT, 1))
+                        if self._counts_lead_in_usage and first_token.USAGE_MARK in chunk:
+                            chunk = first_token.count_in_usage(chunk)
                         now_s = time.perf_counter()
                         if self._previous_s is None:
                             self._first_token(now_s)
                         else:
                             observe_gap(now_s - self._previous_s)
+                        if self._prefill_done_s is not None:
+                            self._handoff_done(now_s)
                         if now_s > self._deadline_s:
                             yield self._error_event("the request ran past its deadline", "request_timeout")
                             return
@@ -163,7 +176,8 @@ class Relay:
         """One chunk straight from the engine's socket to the client's, if nothing but the usual
         per-chunk work is due; False, having done nothing, sends it through ``stream``."""
         previous_s, write_now = self._previous_s, self._write_now
-        if previous_s is None or write_now is None or self._drop_role or ENGINE_ERROR_EVENT in chunk:
+        if previous_s is None or write_now is None or self._drop_role or ENGINE_ERROR_EVENT in chunk or (
+                self._prefill_done_s is not None) or (self._counts_lead_in_usage and first_token.USAGE_MARK in chunk):
             return False
         now_s = time.perf_counter()
         if now_s > self._deadline_s or not write_now(chunk):
@@ -178,8 +192,10 @@ class Relay:
         log.error("request_id=%s role=decode endpoint=%s stream broke: %s",
                   self._call.request_id, self._leg.endpoint.url, failure)
         self._leg.trace.failed(failure)
-        if not self._sent:  # the client has seen nothing: the whole request goes elsewhere
-            return None if await self._switch(failure, self._call.body) else self._error_event(
+        if not self._sent or (self._lead is not None and len(self._sent) == 1):
+            # The client has seen nothing, or only the prefill engine's token: the rest goes elsewhere whole.
+            body = self._call.body if not self._sent else self._lead.continuation  # type: ignore[union-attr]
+            return None if await self._switch(failure, body) else self._error_event(
                 "the decode engine failed", "decode_stream_failed")
         sent = resume.read_sent(self._sent, path=self._call.path)
         if sent.is_finished:
@@ -216,9 +232,12 @@ class Relay:
         self._call.trace.first_token()
         self._ttft_s = now_s - self._call.arrived_s
         self._mode.ttft.observe(self._ttft_s)
-        if self._prefill_done_s is None:
-            return
+
+    def _handoff_done(self, now_s: float) -> None:
+        """The decode engine's first token: the KV handoff is over."""
+        assert self._prefill_done_s is not None
         handoff_s = self._handoff_s = now_s - self._prefill_done_s
+        self._prefill_done_s = None
         self._metrics.kv_handoff.observe(handoff_s)
         self._metrics.legs[Role.DECODE].observe(handoff_s)
         # Slow or not is judged later against the engine's own transfer times (kv_monitor.py):

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from pdserve.pd.first_token import FirstToken
+
 # What the prefill leg sends so the engine keeps the KV cache for a remote decode engine.
 REMOTE_DECODE_REQUEST: Mapping[str, Mapping[str, Any]] = MappingProxyType(
     {
@@ -31,6 +33,8 @@ class KVTransferParams:
     fields: Mapping[str, Any]
     prompt_tokens: int
     prefill_url: str = ""  # the prefill engine holding the blocks (set by the orchestrator; not sent)
+    block_size: int = 0  # tokens per KV block of that engine, from its /metrics; 0: not read yet
+    first: FirstToken | None = None  # the prefill engine's token, when the client is to get it (first_token.py)
 
     @property
     def block_count(self) -> int:

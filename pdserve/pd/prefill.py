@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pdserve.errors import LegFailed
-from pdserve.pd import legs
+from pdserve.pd import first_token, legs
 from pdserve.pd.engine_http import EngineClient, EngineUnreachable
 from pdserve.pd.kv import REMOTE_DECODE_REQUEST, KVTransferParams
 from pdserve.role import Role
@@ -18,11 +18,12 @@ from pdserve.role import Role
 _DROPPED_FIELDS = ("stream_options", "min_tokens", "max_completion_tokens", "logprobs", "top_logprobs")
 
 
-def make_body(body: dict[str, Any], *, connector: str) -> dict[str, Any]:
+def make_body(body: dict[str, Any], *, connector: str, wants_first_token: bool = False) -> dict[str, Any]:
     """The client's request reshaped for the prefill leg. Pure.
 
     One token, not streamed: the reply is then a single JSON object that carries the
-    ``kv_transfer_params`` the decode engine needs to pull the cache.
+    ``kv_transfer_params`` the decode engine needs to pull the cache; with ``wants_first_token``
+    also the prompt's and the token's ids (pd/first_token.py).
     """
     prefill_body = {key: value for key, value in body.items() if key not in _DROPPED_FIELDS}
     prefill_body.update(
@@ -30,6 +31,8 @@ def make_body(body: dict[str, Any], *, connector: str) -> dict[str, Any]:
         stream=False,
         kv_transfer_params=dict(REMOTE_DECODE_REQUEST[connector]),
     )
+    if wants_first_token:
+        prefill_body["return_token_ids"] = True
     return prefill_body
 
 
@@ -41,8 +44,10 @@ async def run(
     request_id: str,
     timeout_s: float,
     trace_headers: Mapping[str, str] | None = None,
+    wants_first_token: bool = False,
 ) -> KVTransferParams:
-    """POST the prefill body to ``url``; return the engine's KV transfer parameters.
+    """POST the prefill body to ``url``; return the engine's KV transfer parameters, and its token
+    with ``wants_first_token`` (the body made so by ``make_body``).
 
     ``timeout_s`` bounds the whole leg. Raises UpstreamRejected (4xx, e.g. prompt too long) or LegFailed.
     """
@@ -63,4 +68,5 @@ async def run(
         detail = "reply has no kv_transfer_params: is the engine started with a KV connector?"
         raise LegFailed(Role.PREFILL, url, 200, detail)
     prompt_tokens = int((reply.get("usage") or {}).get("prompt_tokens") or 0)
-    return KVTransferParams(fields=params, prompt_tokens=prompt_tokens)
+    first = first_token.read(reply) if wants_first_token else None
+    return KVTransferParams(fields=params, prompt_tokens=prompt_tokens, first=first)

@@ -81,7 +81,7 @@ def why_not_resumable(body: dict[str, Any], *, path: str) -> str | None:
 
 def continuation_body(body: dict[str, Any], sent: Sent, *, path: str) -> dict[str, Any]:
     """The request that makes another engine generate what the broken stream had left. Pure."""
-    resumed = {**body, **_shorter_limits(body, sent.tokens, path=path)}
+    resumed = {**body, **shorter_limits(body, sent.tokens, path=path)}
     if path == COMPLETIONS_PATH:
         resumed["prompt"] = str(_one_prompt(body)) + sent.text
         resumed["echo"] = False  # the client has seen the prompt already, if it asked to
@@ -103,7 +103,7 @@ def _one_prompt(body: dict[str, Any]) -> Any:
     return prompt
 
 
-def _shorter_limits(body: dict[str, Any], tokens_sent: int, *, path: str) -> dict[str, int]:
+def shorter_limits(body: dict[str, Any], tokens_sent: int, *, path: str) -> dict[str, int]:
     """Token limits less what was sent, so the whole reply stays within what the client asked for."""
     limits: dict[str, int] = {}
     for field in ("max_tokens", "max_completion_tokens"):

@@ -29,6 +29,7 @@ class EngineLoad:
     waiting: float = 0.0  # requests queued in its scheduler (on a decode engine: also those awaiting KV)
     kv_usage: float = 0.0  # fraction of its KV cache blocks in use, 0..1
     kv_capacity_tokens: float = 0.0  # tokens its KV cache holds; 0 when the engine does not say
+    block_size: float = 0.0  # tokens per KV block; 0 when the engine does not say (a float: workers share loads as doubles)
     prefix_queried_tokens: float = 0.0  # since it started: prompt tokens looked up in its prefix cache
     prefix_hit_tokens: float = 0.0  # since it started: of those, tokens found cached
     read_s: float = -math.inf  # time.monotonic() of the read; -inf: never read
@@ -57,17 +58,19 @@ def parse_engine_load(metrics_text: str, *, read_s: float) -> EngineLoad:
     """
     sums = dict.fromkeys((_RUNNING, _WAITING, _PREFIX_QUERIES, _PREFIX_HITS), 0.0)
     usages: list[float] = []
-    capacity_tokens = 0.0
+    capacity_tokens = block_size = 0.0
     for name, labels, value in _samples(metrics_text):
         if name in sums:
             sums[name] += value
         elif name == _KV_USAGE:
             usages.append(value)
         elif name == _CACHE_CONFIG:
-            capacity_tokens += cache_capacity_tokens(dict(_LABEL.findall(labels)))
+            cache_config = dict(_LABEL.findall(labels))
+            capacity_tokens += cache_capacity_tokens(cache_config)
+            block_size = max(block_size, _number(cache_config.get("block_size")))
     return EngineLoad(
         running=sums[_RUNNING], waiting=sums[_WAITING], kv_usage=sum(usages) / len(usages) if usages else 0.0,
-        kv_capacity_tokens=capacity_tokens, prefix_queried_tokens=sums[_PREFIX_QUERIES],
+        kv_capacity_tokens=capacity_tokens, block_size=block_size, prefix_queried_tokens=sums[_PREFIX_QUERIES],
         prefix_hit_tokens=sums[_PREFIX_HITS], read_s=read_s,
     )
 

@@ -100,6 +100,48 @@ def test_pd_output_is_token_identical_to_local_and_kv_arrives_over_nixl(stack: S
         assert len(pd["choices"][0]["token_ids"]) == 24
 
 
+def test_a_streamed_completion_starts_with_the_prefill_engines_token_and_matches_local(stack: Stack) -> None:
+    """pd/first_token.py on real engines: the prefill engine's token goes out first, the decode engine
+    continues after it from the pulled KV, and the whole stream equals one engine's, usage included.
+    Prompts of token ids: 64 fill two 32-token blocks exactly (the token needs a block of its own), 63 leave it room."""
+    first_tokens_before = gateway_metric(stack, "pdserve_prefill_first_tokens_total")
+    transferred_before = engine_metric(stack.engine_urls["decode"], "vllm:prompt_tokens_by_source_total",
+                                       source="external_kv_transfer")
+    prompts: list[str | list[int]] = [list(range(300, 364)), list(range(400, 463)), "7. " + SENTENCE * 2]
+    for prompt in prompts:
+        pd, local = stream_greedy(stack, prompt), stream_greedy(stack, prompt, headers={"X-PD-Mode": "local"})
+        assert pd == local and pd[0] and pd[1]["completion_tokens"] == 16, prompt
+    assert gateway_metric(stack, "pdserve_prefill_first_tokens_total") - first_tokens_before == len(prompts)
+    transferred = engine_metric(stack.engine_urls["decode"], "vllm:prompt_tokens_by_source_total",
+                                source="external_kv_transfer")
+    assert transferred - transferred_before >= 64 + 63  # the decode engine pulled the prompts, it did not recompute them
+    one, local_one = stream_greedy(stack, "8. The", max_tokens=1), stream_greedy(stack, "8. The", max_tokens=1,
+                                                                                  headers={"X-PD-Mode": "local"})
+    assert one == local_one and one[1]["completion_tokens"] == 1
+
+
+def stream_greedy(stack: Stack, prompt: str | list[int], *, max_tokens: int = 16,
+                  headers: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
+    """The streamed text and the usage event of a greedy completion."""
+    body = {"model": DEMO_MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    text, usage = "", {}
+    with httpx.stream("POST", stack.base_url + "/v1/completions", json=body, headers=headers, timeout=120) as reply:
+        assert reply.status_code == 200, reply.read()
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                event = json.loads(line[6:])
+                text += "".join(choice["text"] for choice in event["choices"])
+                usage = event.get("usage") or usage
+    return text, usage
+
+
+def gateway_metric(stack: Stack, name: str) -> float:
+    line = next(line for line in httpx.get(stack.base_url + "/metrics", timeout=10).text.splitlines()
+                if line.startswith(name + " "))
+    return float(line.split()[1])
+
+
 def complete_greedy(stack: Stack, prompt: str, *, headers: dict[str, str] | None = None) -> dict[str, Any]:
     body = {"model": DEMO_MODEL_NAME, "prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True,
             "return_token_ids": True}

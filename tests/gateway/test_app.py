@@ -82,7 +82,7 @@ async def test_pd_request_runs_prefill_then_decode_with_kv_params(gateway: str, 
     assert prefill_body["max_tokens"] == 1 and prefill_body["stream"] is False
     assert "stream_options" not in prefill_body
     assert prefill_body["kv_transfer_params"]["do_remote_decode"] is True
-    assert decode_body["kv_transfer_params"] == KV_PARAMS
+    assert decode_body["kv_transfer_params"] == {**KV_PARAMS, "remote_num_tokens": 1}  # as the prefill reply had them
     assert decode_body["max_tokens"] == 5 and decode_body["stream"] is True
     texts = [json.loads(line[6:])["choices"][0]["text"] for line in payload.decode().split("\n\n") if line.startswith("data: {")]
     assert texts == WORDS and payload.endswith(b"data: [DONE]\n\n")

@@ -198,7 +198,7 @@ async def test_a_handoff_no_decode_leg_takes_is_given_back_to_the_prefill_engine
         fake.decode_gate.set()
         await holder
         metrics = await metrics_of(base)
-    assert releases and releases[0]["kv_transfer_params"] == KV_PARAMS
+    assert releases and releases[0]["kv_transfer_params"] == {**KV_PARAMS, "remote_num_tokens": 1}  # the prefill reply's
     assert "pdserve_kv_releases_total 1.0" in metrics
 
 

@@ -84,7 +84,7 @@ async def test_one_request_is_one_span_tree_that_both_engines_join() -> None:
         assert child.context is not None and child.context.trace_id == int(CLIENT_TRACE_ID, 16)
         assert child.status.status_code is StatusCode.UNSET
     assert prefill.attributes == {"pdserve.role": "prefill", "pdserve.endpoint": prefill.attributes["pdserve.endpoint"],
-                                  "http.response.status_code": 200, "pdserve.prompt_tokens": 7, "pdserve.kv_blocks": 2}
+                                  "http.response.status_code": 200, "pdserve.prompt_tokens": 1, "pdserve.kv_blocks": 2}  # "hi"
     assert decode.attributes is not None and decode.attributes["http.response.status_code"] == 200
     assert prefill.end_time == handoff.start_time  # the handoff starts as the prefill leg ends
     assert handoff.end_time is not None and decode.end_time is not None and handoff.end_time <= decode.end_time

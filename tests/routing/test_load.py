@@ -37,7 +37,7 @@ def test_load_sums_engine_cores_and_averages_their_kv_usage() -> None:
     text = (vllm_load_metrics(running=3, waiting=1, kv_usage=0.5, queried=1000, hits=250)
             + vllm_load_metrics(engine="1", running=1, kv_usage=0.1, queried=1000, hits=750))
     load = parse_engine_load(text, read_s=5.0)
-    assert load == EngineLoad(running=4, waiting=1, kv_usage=pytest.approx(0.3), kv_capacity_tokens=16384,
+    assert load == EngineLoad(running=4, waiting=1, kv_usage=pytest.approx(0.3), kv_capacity_tokens=16384, block_size=16,
                               prefix_queried_tokens=2000, prefix_hit_tokens=1000, read_s=5.0)
     assert load.prefix_hit_rate == 0.5 and load.age_s(7.5) == 2.5
 

@@ -1,0 +1,132 @@
+"""The prefill engine's token as the first token (pd/first_token.py), over real HTTP against fake engines.
+
+The same path against real vLLM engines, token for token against one engine alone:
+tests/e2e/test_serving.py::test_a_streamed_completion_starts_with_the_prefill_engines_token_and_matches_local.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from pdserve.pd.decode import RELEASE_MODEL
+from tests.fake_engine import FIRST_TOKEN_ID, KV_PARAMS, WORDS, FakeEngine
+from tests.gateway.test_app import MODEL, post
+from tests.gateway.test_faults import gateway_over, metrics_of, text_of
+from tests.routing.test_load import vllm_load_metrics
+
+# The fake prefill reply holds two blocks (KV_PARAMS) and these engines say 16 tokens per block.
+PROMPT_FILLING_TWO_BLOCKS = list(range(1000, 1032))  # the first token needs a third block
+PROMPT_WITH_ROOM = list(range(1000, 1020))  # the first token fits in the second block
+
+
+def engines(**decode_knobs: Any) -> tuple[FakeEngine, FakeEngine]:
+    """A prefill engine and a decode engine that continues after the prefill's token (WORDS[0])."""
+    prefill = FakeEngine(metrics_text=vllm_load_metrics())
+    decode = FakeEngine(metrics_text=vllm_load_metrics(), words=WORDS[1:], **decode_knobs)
+    return prefill, decode
+
+
+def streamed(prompt: Any, **fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": prompt, "max_tokens": 5, "stream": True, **fields}
+
+
+def events(payload: bytes) -> list[dict[str, Any]]:
+    return [json.loads(event[6:]) for event in payload.decode().split("\n\n") if event.startswith("data: {")]
+
+
+async def settled(base: str) -> str:
+    """The gateway once it has read the engines' block size (kv_scrape_interval_s 0.05)."""
+    await asyncio.sleep(0.3)
+    return base
+
+
+async def test_the_client_gets_the_prefill_engines_token_first_and_the_decode_engine_continues_after_it() -> None:
+    prefill, decode = engines()
+    async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05) as base:
+        status, payload = await post(await settled(base), streamed(PROMPT_FILLING_TWO_BLOCKS),
+                                     headers={"X-Request-Id": "r1"})
+        metrics = await metrics_of(base)
+    assert status == 200 and text_of(payload) == "".join(WORDS) and payload.endswith(b"data: [DONE]\n\n")
+    first = events(payload)[0]
+    assert first["id"] == "cmpl-r1" and first["object"] == "text_completion" and first["model"] == MODEL
+    assert first["choices"][0]["text"] == WORDS[0] and first["choices"][0]["finish_reason"] is None
+    (prefill_body,) = prefill.bodies
+    assert prefill_body["return_token_ids"] is True
+    (decode_body,) = decode.bodies
+    assert decode_body["prompt"] == [*PROMPT_FILLING_TWO_BLOCKS, FIRST_TOKEN_ID] and decode_body["max_tokens"] == 4
+    # 33 tokens need a third block: the last remote one is named twice (the recomputed slot is the only one used).
+    assert decode_body["kv_transfer_params"]["remote_block_ids"] == [3, 4, 4]
+    assert "pdserve_prefill_first_tokens_total 1.0" in metrics
+
+
+async def test_blocks_are_passed_as_they_are_when_the_first_token_fits_and_refused_when_they_do_not_match() -> None:
+    prefill, decode = engines()
+    async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05) as base:
+        await settled(base)
+        _, fits = await post(base, streamed(PROMPT_WITH_ROOM))
+        _, mismatched = await post(base, streamed(list(range(1000, 1010))))  # 11 tokens fill one block, not two
+    assert text_of(fits) == "".join(WORDS)
+    with_room, mismatch = decode.bodies
+    assert with_room["kv_transfer_params"]["remote_block_ids"] == KV_PARAMS["remote_block_ids"]
+    # Blocks the gateway cannot map: the decode engine gets the client's request and samples the first token itself.
+    assert mismatch["prompt"] == list(range(1000, 1010)) and mismatch["max_tokens"] == 5
+    assert text_of(mismatched) == "".join(WORDS[1:])  # (this fake decode engine always continues)
+
+
+async def test_a_one_token_reply_comes_from_the_prefill_engine_alone_and_its_handoff_is_given_back() -> None:
+    prefill, decode = engines()
+    async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05) as base:
+        status, payload = await post(await settled(base), streamed(
+            PROMPT_WITH_ROOM, max_tokens=1, stream_options={"include_usage": True}))
+        for _ in range(100):
+            if decode.bodies:
+                break
+            await asyncio.sleep(0.02)
+    assert status == 200 and payload.endswith(b"data: [DONE]\n\n")
+    answer, usage = events(payload)
+    assert answer["choices"][0] | {"text": WORDS[0], "finish_reason": "length"} == answer["choices"][0]
+    assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 20, "total_tokens": 21, "completion_tokens": 1}
+    (release,) = decode.bodies  # no decode leg: only the handoff given back
+    assert release["model"] == RELEASE_MODEL
+
+
+async def test_the_decode_engine_computes_the_first_token_where_the_prefill_engine_did_not_compute_the_whole_prompt() -> None:
+    prefill, decode = engines()
+    prefill.prefill_stops_short = 1  # a hybrid model's prefill engine leaves the last prompt token to decode
+    async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05) as base:
+        _, payload = await post(await settled(base), streamed(PROMPT_WITH_ROOM))
+    assert events(payload)[0]["choices"][0]["text"] == WORDS[1]  # the decode engine's first word
+    assert decode.bodies[0]["prompt"] == PROMPT_WITH_ROOM
+
+
+async def test_requests_whose_output_would_change_keep_the_first_token_on_the_decode_engine() -> None:
+    prefill, decode = engines()
+    async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05) as base:
+        await settled(base)
+        for body in (streamed(PROMPT_WITH_ROOM, stop=["."]), streamed(PROMPT_WITH_ROOM, seed=0),
+                     {**streamed(PROMPT_WITH_ROOM), "stream": False},
+                     {**streamed(PROMPT_WITH_ROOM, return_token_ids=True), "stream": False},
+                     {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}):
+            path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+            status, _ = await post(base, body, path=path)
+            assert status == 200
+    assert sum("return_token_ids" in body for body in prefill.bodies) == 1  # the client's own
+    assert all("kv_transfer_params" in body and body.get("prompt", PROMPT_WITH_ROOM) == PROMPT_WITH_ROOM
+               for body in decode.bodies)
+
+
+async def test_a_decode_engine_failing_after_the_first_token_hands_the_rest_to_another_whole() -> None:
+    prefill, broken = engines(break_stream_after=0)
+    _, healthy = engines()
+    async with gateway_over([prefill], [broken, healthy], kv_scrape_interval_s=0.05) as base:
+        await settled(base)
+        for offset in range(16):  # prompts of different homes, until one meets the broken engine
+            prompt = [token + offset for token in PROMPT_WITH_ROOM]
+            status, payload = await post(base, streamed(prompt))
+            assert status == 200 and text_of(payload) == "".join(WORDS)
+            if broken.bodies:
+                break
+    moved = [body for body in healthy.bodies if "kv_transfer_params" not in body]
+    assert broken.bodies and moved == [{**streamed([*prompt, FIRST_TOKEN_ID]), "max_tokens": 4}]
