@@ -57,7 +57,7 @@ pdserve)
     fi
     for run in $(seq $RUNS); do
       timeout 200 $BENCH -t direct=http://127.0.0.1:$((PORT + 200)) -t pd=http://127.0.0.1:$PORT \
-        --rate "$DIRECT_RATE" --duration 30 --seed $run --out $D/ttft-$run > $D/ttft-$run.log 2>&1
+        --rate "$DIRECT_RATE" --duration ${DIRECT_S:-30} --seed $run --out $D/ttft-$run > $D/ttft-$run.log 2>&1
       grep -E "^\| (direct|pd) " $D/ttft-$run/results.md | sed "s/^/[run $run] /"
     done
     curl -s http://127.0.0.1:$PORT/metrics | grep -E "^pdserve_(prefill_first_tokens|kv_handoff_seconds_(sum|count))" \

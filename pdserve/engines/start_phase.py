@@ -20,7 +20,10 @@ _PHASES = (
     (re.compile(r"Starting torch\.compile|Dynamo bytecode transform time|Compiling a graph for"),
      "compiling the model (torch.compile; a first start only)"),
     (re.compile(r"torch\.compile took"), "compiled"),
-    (re.compile(r"Available KV cache memory"), "sizing the KV cache"),
+    # vLLM 0.26's V1 model runner then logged nothing for 2 minutes on a fresh H200 machine, twice (docs/benchmarks.md,
+    # section 5); its V2 runner, on the same machine after that, 1 s.
+    (re.compile(r"Initial profiling/warmup run took"), "warming up after the profiling run (vLLM logs nothing here)"),
+    (re.compile(r"Available KV cache memory|GPU KV cache size"), "sizing the KV cache"),
     (re.compile(r"Capturing CUDA graphs"), "capturing CUDA graphs"),
     (re.compile(r"Graph capturing finished"), "CUDA graphs captured"),
     (re.compile(r"init engine \(profile, create kv cache, warmup model\) took"), "engine ready, starting the API server"),

@@ -24,6 +24,11 @@ VLLM_LINES = {
     "INFO 12-03 10:00:12 [backends.py:1167] Dynamo bytecode transform time: 5.12 s": COMPILING,
     "INFO 12-03 10:02:40 [monitor.py:62] torch.compile took 150.33 s in total": "compiled",
     "INFO 12-03 10:02:41 [gpu_worker.py:760] Available KV cache memory: 92.1 GiB": "sizing the KV cache",
+    # vLLM 0.26 on an H200 (docs/results/h200-side-by-side/pdserve/engine-logs.tgz)
+    "(EngineCore pid=1105) INFO 12-03 17:56:02 [monitor.py:81] Initial profiling/warmup run took 0.67 s":
+        "warming up after the profiling run (vLLM logs nothing here)",
+    "(EngineCore pid=1105) INFO 12-03 17:58:05 [kv_cache_utils.py:2177] GPU KV cache size: 232,960 tokens":
+        "sizing the KV cache",
     "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|##########| 67/67": "capturing CUDA graphs",
     "INFO 12-03 10:03:01 [gpu_model_runner.py:6582] Graph capturing finished in 19 secs, took 0.52 GiB":
         "CUDA graphs captured",
