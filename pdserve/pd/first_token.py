@@ -1,6 +1,7 @@
 """The prefill engine's token goes to the client as the first token; the decode engine generates the rest. Pure.
 
-A prefill leg samples one token (``max_tokens`` 1) that vLLM's PD proxies throw away: the decode engine
+A prefill leg samples one token (``max_tokens`` 1) that other PD proxies throw away (vLLM's example proxy;
+Ray Serve LLM 2.58's PDDecodeServer, pd_server.py ``_prepare_decode_request``): the decode engine
 pulls the prompt's KV cache, recomputes the last prompt token and samples the first token again, so the
 client waits for the pull and a decode step before it sees anything. Here the prefill leg asks for token
 ids (``return_token_ids``), the gateway streams its token at once, and the decode leg gets the prompt's
@@ -116,15 +117,13 @@ class Lead:
     continuation: dict[str, Any]  # the decode leg's body without the KV handoff: that engine prefills
 
 
-def lead(body: dict[str, Any], first: FirstToken) -> Lead:
+def continue_after(body: dict[str, Any], first: FirstToken, kv_fields: dict[str, Any], *,
+                   block_size: int) -> tuple[dict[str, Any], Lead] | None:
+    """The decode leg that continues after ``first`` with the prefill engine's KV handoff, and the lead;
+    None when its blocks cannot be mapped onto the decode engine's (an unknown block size, several KV
+    cache groups): the decode engine then samples the first token itself."""
     continuation = {**body, **resume.shorter_limits(body, 1, path=resume.COMPLETIONS_PATH),
                     "prompt": [*first.prompt_token_ids, first.token_id]}
-    return Lead(event(first), continuation)
-
-
-def decode_body(lead: Lead, kv_fields: dict[str, Any], *, block_size: int) -> dict[str, Any] | None:
-    """``lead``'s continuation with the prefill engine's KV handoff; None when its blocks cannot be
-    mapped onto the decode engine's (an unknown block size, several KV cache groups)."""
     block_ids = kv_fields.get("remote_block_ids")
     if block_size <= 0 or not block_ids or not isinstance(block_ids, list):
         return None
@@ -132,12 +131,12 @@ def decode_body(lead: Lead, kv_fields: dict[str, Any], *, block_size: int) -> di
     if len(groups) != 1 or not groups[0]:
         return None
     (group,) = groups
-    needed = -(-len(lead.continuation["prompt"]) // block_size)  # blocks for the prompt and the token
+    needed = -(-len(continuation["prompt"]) // block_size)  # blocks for the prompt and the token
     if needed not in (len(group), len(group) + 1):
         return None
     padded = list(group) + [group[-1]] * (needed - len(group))
     fields = {**kv_fields, "remote_block_ids": [padded] if groups is block_ids else padded}
-    return {**lead.continuation, "kv_transfer_params": fields}
+    return {**continuation, "kv_transfer_params": fields}, Lead(event(first), continuation)
 
 
 def count_in_usage(chunk: bytes) -> bytes:
