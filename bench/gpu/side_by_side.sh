@@ -23,7 +23,7 @@ say() { echo "[$SYSTEM $(date +%T)] $*"; }
 case $SYSTEM in
 reference)
   # Ray 2.58's OpenAI ingress answers every request 400 "Field required at ('query', 'self')" under FastAPI >= 0.137
-  # (ray-project/ray#64475) and the stage carries 0.165: its users' image pins an older one, so this run does too,
+  # (ray-project/ray#64475: < 0.137 works) and the stage carries 0.165, so this run installs 0.136.1
   # from a wheel carried in .whl (pip download fastapi==0.136.1, pure Python).
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/fastapi-0.136.1-*.whl \
     2>&1 | grep -v WARNING; python3 -c "import fastapi; print('fastapi', fastapi.__version__)"
