@@ -75,15 +75,16 @@ class Orchestrator:
             call.body, path=call.path, is_stream=call.is_stream)
         kv = await self._prefill_or_local(call, key, wants_first_token) if decision.mode is Mode.PD else None
         prefill_done_s = None if kv is None else time.perf_counter()
-        decode_body, lead = call.body if kv is None else decode.make_body(call.body, kv), None
-        first = None if kv is None or kv.first is None else first_token.for_client(call.body, kv.first)
-        if kv is not None and first is not None and first.finish_reason is not None:  # the whole reply
-            self._release(kv, call.request_id)
-            return self._first_token_only(call, first)
-        if kv is not None and first is not None and (continued := first_token.continue_after(
-                call.body, first, dict(kv.fields), block_size=kv.block_size)) is not None:
-            decode_body, lead = continued
-            self._metrics.prefill_first_tokens.inc()
+        decode_body = call.body if kv is None else decode.make_body(call.body, kv)
+        lead = None
+        if kv is not None and kv.first is not None:
+            first = first_token.for_client(call.body, kv.first)
+            if first.finish_reason is not None:  # the prefill engine's token is the whole reply
+                self._release(kv, call.request_id)
+                return self._first_token_only(call, first)
+            if (fields := kv.fields_for_prompt(len(first.prompt_token_ids) + 1)) is not None:
+                decode_body, lead = first_token.continue_after(call.body, first, fields)
+                self._metrics.prefill_first_tokens.inc()
         tried: list[Endpoint] = []
         try:
             leg = await self._open_decode(call, decode_body, tried, decode_policy)

@@ -76,8 +76,7 @@ class Relay:
     ) -> None:
         """``lead``: the prefill engine's token, sent before the decode engine's (pd/first_token.py)."""
         self._call, self._leg, self._reopen, self._leg_failed = call, leg, reopen, leg_failed
-        self._lead = lead
-        self._counts_lead_in_usage = lead is not None  # the decode engine counted the lead as prompt
+        self._lead = lead  # set: the decode engine counts the lead as prompt in its usage event
         self._spec, self._metrics, self._handoffs, self._recent = spec, metrics, handoffs, recent
         self._prefill_done_s = prefill_done_s  # None once the stream moved: no KV handoff to time
         self._kv, self._prefill_ms = kv, None if prefill_done_s is None else (prefill_done_s - call.arrived_s) * 1000
@@ -140,7 +139,7 @@ class Relay:
                             chunk, self._drop_role = resume.drop_role_events(chunk), False
                         if ENGINE_ERROR_EVENT in chunk:
                             raise _EngineErrorEvent(*chunk.split(ENGINE_ERROR_EVENT, 1))
-                        if self._counts_lead_in_usage and first_token.USAGE_MARK in chunk:
+                        if self._lead is not None and first_token.USAGE_MARK in chunk:
                             chunk = first_token.count_in_usage(chunk)
                         now_s = time.perf_counter()
                         if self._previous_s is None:
@@ -177,7 +176,7 @@ class Relay:
         per-chunk work is due; False, having done nothing, sends it through ``stream``."""
         previous_s, write_now = self._previous_s, self._write_now
         if previous_s is None or write_now is None or self._drop_role or ENGINE_ERROR_EVENT in chunk or (
-                self._prefill_done_s is not None) or (self._counts_lead_in_usage and first_token.USAGE_MARK in chunk):
+                self._prefill_done_s is not None) or (self._lead is not None and first_token.USAGE_MARK in chunk):
             return False
         now_s = time.perf_counter()
         if now_s > self._deadline_s or not write_now(chunk):
@@ -192,10 +191,11 @@ class Relay:
         log.error("request_id=%s role=decode endpoint=%s stream broke: %s",
                   self._call.request_id, self._leg.endpoint.url, failure)
         self._leg.trace.failed(failure)
-        if not self._sent or (self._lead is not None and len(self._sent) == 1):
-            # The client has seen nothing, or only the prefill engine's token: the rest goes elsewhere whole.
-            body = self._call.body if not self._sent else self._lead.continuation  # type: ignore[union-attr]
-            return None if await self._switch(failure, body) else self._error_event(
+        # The client has seen nothing, or only the prefill engine's token: the rest goes elsewhere whole.
+        whole = self._call.body if not self._sent else (
+            self._lead.continuation if self._lead is not None and len(self._sent) == 1 else None)
+        if whole is not None:
+            return None if await self._switch(failure, whole) else self._error_event(
                 "the decode engine failed", "decode_stream_failed")
         sent = resume.read_sent(self._sent, path=self._call.path)
         if sent.is_finished:

@@ -12,10 +12,8 @@ the prefill engine's (docs/benchmarks.md, section 8).
 Stock vLLM decode engines take it: vLLM's NixlConnector claims the whole prompt (n + 1 tokens) as
 remote, allocates blocks for it, reads the prefill engine's blocks into them and, its prompt being
 "fully cached", recomputes the last position (the token added here) before sampling
-(``get_num_new_matched_tokens``, ``_update_waiting_for_remote_kv``; vLLM 0.26 and 0.32). It asserts that it
-reads no more blocks than the prefill engine sent; where the added token starts a block of its own
-(n a multiple of the block size), the last remote block is named twice, so the extra local block gets
-a copy whose only used slot the recompute overwrites.
+(``get_num_new_matched_tokens``, ``_update_waiting_for_remote_kv``; vLLM 0.26 and 0.32). How the blocks
+map onto that longer prompt is pd/kv.py's ``fields_for_prompt``.
 
 Only where the output stays what one engine would produce: a streamed ``/v1/completions`` of one
 attention-only model (a hybrid model's prefill engine stops one token short: ``remote_num_tokens`` < the
@@ -93,10 +91,8 @@ def for_client(body: dict[str, Any], first: FirstToken) -> FirstToken:
 
 def event(first: FirstToken) -> bytes:
     """The SSE event of the first token, as vLLM's completion stream writes it."""
-    choice = {"index": 0, "text": first.text, "logprobs": None, "finish_reason": first.finish_reason,
-              "stop_reason": first.stop_reason}
-    return _sse({"id": first.reply_id, "object": "text_completion", "created": first.created, "model": first.model,
-                 "choices": [choice]})
+    return _sse(_message(first, choices=[{"index": 0, "text": first.text, "logprobs": None,
+                                          "finish_reason": first.finish_reason, "stop_reason": first.stop_reason}]))
 
 
 def ending(body: dict[str, Any], first: FirstToken) -> bytes:
@@ -105,8 +101,13 @@ def ending(body: dict[str, Any], first: FirstToken) -> bytes:
         return SSE_DONE
     prompt_tokens = len(first.prompt_token_ids)
     usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + 1, "completion_tokens": 1}
-    return _sse({"id": first.reply_id, "object": "text_completion", "created": first.created, "model": first.model,
-                 "choices": [], "usage": usage}) + SSE_DONE
+    return _sse(_message(first, choices=[], usage=usage)) + SSE_DONE
+
+
+def _message(first: FirstToken, **fields: Any) -> dict[str, Any]:
+    """A completion stream chunk of the prefill engine's reply."""
+    return {"id": first.reply_id, "object": "text_completion", "created": first.created, "model": first.model,
+            **fields}
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,26 +118,12 @@ class Lead:
     continuation: dict[str, Any]  # the decode leg's body without the KV handoff: that engine prefills
 
 
-def continue_after(body: dict[str, Any], first: FirstToken, kv_fields: dict[str, Any], *,
-                   block_size: int) -> tuple[dict[str, Any], Lead] | None:
-    """The decode leg that continues after ``first`` with the prefill engine's KV handoff, and the lead;
-    None when its blocks cannot be mapped onto the decode engine's (an unknown block size, several KV
-    cache groups): the decode engine then samples the first token itself."""
+def continue_after(body: dict[str, Any], first: FirstToken, kv_fields: dict[str, Any]) -> tuple[dict[str, Any], Lead]:
+    """The decode leg that continues after ``first`` with ``kv_fields`` (the prefill engine's handoff
+    mapped to a prompt one token longer: ``KVTransferParams.fields_for_prompt``), and the lead."""
     continuation = {**body, **resume.shorter_limits(body, 1, path=resume.COMPLETIONS_PATH),
                     "prompt": [*first.prompt_token_ids, first.token_id]}
-    block_ids = kv_fields.get("remote_block_ids")
-    if block_size <= 0 or not block_ids or not isinstance(block_ids, list):
-        return None
-    groups: list[list[Any]] = block_ids if isinstance(block_ids[0], list) else [block_ids]
-    if len(groups) != 1 or not groups[0]:
-        return None
-    (group,) = groups
-    needed = -(-len(continuation["prompt"]) // block_size)  # blocks for the prompt and the token
-    if needed not in (len(group), len(group) + 1):
-        return None
-    padded = list(group) + [group[-1]] * (needed - len(group))
-    fields = {**kv_fields, "remote_block_ids": [padded] if groups is block_ids else padded}
-    return {**continuation, "kv_transfer_params": fields}, Lead(event(first), continuation)
+    return {**continuation, "kv_transfer_params": kv_fields}, Lead(event(first), continuation)
 
 
 def count_in_usage(chunk: bytes) -> bytes:

@@ -37,9 +37,36 @@ class KVTransferParams:
     first: FirstToken | None = None  # the prefill engine's token, when the client is to get it (first_token.py)
 
     @property
-    def block_count(self) -> int:
+    def is_grouped(self) -> bool:
+        """vLLM sends ``remote_block_ids`` as one list per KV cache group in newer versions, a flat list in older ones."""
         block_ids = self.fields.get("remote_block_ids") or []
-        # vLLM sends one list per KV cache group in newer versions, a flat list in older ones.
-        if block_ids and isinstance(block_ids[0], list):
-            return sum(len(group) for group in block_ids)
-        return len(block_ids)
+        return bool(block_ids) and isinstance(block_ids[0], list)
+
+    @property
+    def block_groups(self) -> list[list[Any]]:
+        """The prefill engine's block ids, one list per KV cache group."""
+        block_ids = list(self.fields.get("remote_block_ids") or [])
+        return block_ids if self.is_grouped else [block_ids]
+
+    @property
+    def block_count(self) -> int:
+        return sum(len(group) for group in self.block_groups)
+
+    def fields_for_prompt(self, prompt_tokens: int) -> dict[str, Any] | None:
+        """These fields for a decode prompt of ``prompt_tokens``: the prefilled prompt plus tokens the
+        decode engine computes itself (pd/first_token.py); None when the blocks cannot be mapped (an
+        unknown block size, several KV cache groups, a prompt they do not fit).
+
+        vLLM's NixlConnector asserts that it reads no more blocks than the prefill engine sent; where the
+        extra token starts a block of its own, the last block is named twice, so the extra local block
+        gets a copy whose only used slot the decode engine overwrites when it computes that token.
+        """
+        groups = self.block_groups
+        if self.block_size <= 0 or len(groups) != 1 or not groups[0]:
+            return None
+        (group,) = groups
+        needed = -(-prompt_tokens // self.block_size)
+        if needed not in (len(group), len(group) + 1):
+            return None
+        padded = group + [group[-1]] * (needed - len(group))
+        return {**self.fields, "remote_block_ids": [padded] if self.is_grouped else padded}

@@ -10,6 +10,7 @@ import pytest
 
 from pdserve.pd import first_token
 from pdserve.pd.first_token import FirstToken
+from pdserve.pd.kv import KVTransferParams
 
 COMPLETIONS = "/v1/completions"
 FIRST = FirstToken(token_id=7, text=" the", finish_reason="length", stop_reason=None, prompt_token_ids=(1, 2, 3),
@@ -61,3 +62,20 @@ def test_the_first_tokens_event_reads_as_vllms_stream_chunk() -> None:
     assert message == {"id": "cmpl-a", "object": "text_completion", "created": 1, "model": "m",
                        "choices": [{"index": 0, "text": " the", "logprobs": None, "finish_reason": "length",
                                     "stop_reason": None}]}
+
+
+@pytest.mark.parametrize(("block_ids", "prompt_tokens", "mapped"), [
+    ([[3, 4]], 33, [[3, 4, 4]]),  # vLLM 0.26's one list per group, the token needing a third block
+    ([[3, 4]], 32, [[3, 4]]),  # room in the second block
+    ([3, 4], 33, [3, 4, 4]),  # an older vLLM's flat list, kept flat
+    ([[3, 4]], 16, None),  # one block would hold it: these blocks are not this prompt's
+    ([[3, 4], [5, 6]], 32, None),  # several KV cache groups
+])
+def test_the_prefill_engines_blocks_map_onto_a_prompt_one_token_longer(
+        block_ids: list[Any], prompt_tokens: int, mapped: list[Any] | None) -> None:
+    kv = KVTransferParams(fields={"remote_block_ids": block_ids, "remote_engine_id": "p"}, prompt_tokens=prompt_tokens - 1,
+                          block_size=16)
+    fields = kv.fields_for_prompt(prompt_tokens)
+    assert (None if fields is None else fields["remote_block_ids"]) == mapped
+    assert fields is None or fields["remote_engine_id"] == "p"
+    assert replace(kv, block_size=0).fields_for_prompt(prompt_tokens) is None  # the engine's block size not read yet
