@@ -24,6 +24,7 @@ case "${VARIANT:-}" in
 esac
 CONFIG=/tmp/$NAME.yaml LOG_DIR=/tmp/$NAME-logs
 source bench/gpu/pd_config.sh > $D/config.log 2>&1 || { cat $D/config.log; exit 1; }
+source bench/gpu/metrics.sh
 cp $CONFIG $D/pd.yaml
 GATEWAY=http://127.0.0.1:$PORT PREFILL=http://127.0.0.1:$((PORT + 100)) DECODE=http://127.0.0.1:$((PORT + 200))
 say() { echo "[$NAME $(date +%T)] $*"; }
@@ -37,19 +38,11 @@ if grep -q "^ready in" $D/up.log; then
   say "verify: $(tail -1 $D/verify.txt)"
   tar czf $OUT/$NAME.tgz -C /tmp $NAME-out  # what is there so far, should the call run out of time
   if [ -n "$RATE" ]; then
-    # Counters of the gateway and both engines before and after, and of the decode engine every 3 s: direct
-    # runs first, then pd, so the sample between the phases splits the decode engine's own histograms.
-    metrics() { for url in "$@"; do echo "# $(date +%s.%N) $url"; curl -s --max-time 5 $url/metrics | grep -E \
-      "^(pdserve_(kv|leg|engine|time_to_first)|vllm:(time_to_first|request_queue|request_prefill|request_decode|nixl|e2e|num_requests|prefix_cache))"; done; }
-    metrics $GATEWAY $PREFILL $DECODE > $D/metrics-before.txt
-    ( while :; do metrics $DECODE; sleep 3; done ) > $D/metrics-decode-samples.txt 2>&1 &
-    SAMPLER=$!
+    # Counters of the gateway and both engines around the load (bench/gpu/metrics.sh) for ttft_split.py.
     [ "${WAYS:-direct,pd}" = pd ] && TARGETS="--target pd=$GATEWAY" || TARGETS="--target direct=$DECODE --target pd=$GATEWAY"
-    timeout 400 python3 -m pdserve bench run $TARGETS --model $SHAPE \
+    metrics_around $D $GATEWAY $PREFILL $DECODE -- timeout 400 python3 -m pdserve bench run $TARGETS --model $SHAPE \
       --tokenizer $MODEL_DIR/tokenizer.json --rate "$RATE" --duration "$LOAD_S" --input-tokens 3072 \
       --output-tokens 256 --ttft-slo-ms 2000 --itl-slo-ms 50 --out $D/bench > $D/bench.log 2>&1
-    kill $SAMPLER; wait $SAMPLER 2>/dev/null
-    metrics $GATEWAY $PREFILL $DECODE > $D/metrics-after.txt
     grep -E "^\| (direct|pd) " $D/bench/results.md | sed "s/^/[$NAME] /"
   fi
 else

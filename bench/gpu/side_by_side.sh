@@ -1,25 +1,45 @@
 #!/bin/bash
 # Issue #25, on one H200: Ray Serve LLM's own PD app (build_pd_openai_app, Ray 2.58) and pdserve, the same vLLM
 # 0.26 engines (Qwen3-8B shape, dummy weights, 32 GiB of KV cache each, 128-token blocks, vLLM's default
-# compilation), both engines sharing GPU 0, one system after the other, under the same Poisson workload (3072
-# prompt tokens, exactly 256 output tokens) swept in rate. One device call per system (each fits its 600 s):
-#   SYSTEM=reference RATE=2,4,6,8 LOAD_S=20 bash bench/gpu/side_by_side.sh
-#   SYSTEM=pdserve   RATE=2,4,6,8 LOAD_S=20 bash bench/gpu/side_by_side.sh
-#   SYSTEM=pdserve   RATE= RUNS=3 bash bench/gpu/side_by_side.sh
+# compilation), both engines sharing GPU 0, one system after the other, under the same Poisson workloads swept
+# in rate: RATE for 3072 prompt tokens and exactly 256 output tokens, CHAT_RATE for shared-prefix chat (a
+# 2048-token system prompt, 4 turns of 256 tokens in and 256 out). One device call per system (each fits its
+# 600 s; a step that would not finish by DEADLINE_S, default 570, is skipped and says so):
+#   SYSTEM=reference RATE=2,4,6,8 CHAT_RATE=4,8 LOAD_S=15 bash bench/gpu/side_by_side.sh
+#   SYSTEM=pdserve   RATE=2,4,6,8 LOAD_S=15 bash bench/gpu/side_by_side.sh
+#   SYSTEM=pdserve   RATE= RUNS=3 CHAT_RATE=4,8 LOAD_S=15 bash bench/gpu/side_by_side.sh
 # reference: Ray's fractional-GPU setup (bench/gpu/reference_start.py: bundles of {GPU: 0.45}); its time to
 #   ready runs from `serve deploy` to RUNNING. pdserve: `pdserve up` (MPS, as it starts itself when two engines
 #   share a GPU) with the same engine flags; its time to ready is its own "ready in". With RUNS, pdserve also
-#   runs RUNS rounds of the decode engine alone (direct) against PD at DIRECT_RATE, for PD's TTFT cost.
-# Everything lands in $OUT/side-by-side-$SYSTEM.tgz (bench/, the engines' KV transfer rate from their own "KV
-# Transfer metrics" log lines, ready.txt, logs); needs the vLLM stage in /tmp/site (../shared/gpu/README.md).
+#   runs RUNS rounds of the decode engine alone (direct) against PD at DIRECT_RATE, for PD's TTFT cost, with
+#   the gateway's and engines' counters around each (ttft-N/metrics-*.txt, for bench/gpu/ttft_split.py).
+# Everything lands in $OUT/side-by-side-$SYSTEM.tgz (bench/, the KV transfer rate from the decode engine's own
+# NIXL histograms, bench/gpu/kv_rate.py, ready.txt, logs); needs the vLLM stage in /tmp/site (../shared/gpu/README.md).
 set -u
-SYSTEM=${SYSTEM:?reference or pdserve} RATE=${RATE-2,4,6,8} LOAD_S=${LOAD_S:-20} RUNS=${RUNS:-0} DIRECT_RATE=${DIRECT_RATE:-2}
+SYSTEM=${SYSTEM:?reference or pdserve} RATE=${RATE-2,4,6,8} CHAT_RATE=${CHAT_RATE:-} LOAD_S=${LOAD_S:-20}
+RUNS=${RUNS:-0} DIRECT_RATE=${DIRECT_RATE:-2} DEADLINE_S=${DEADLINE_S:-570}
 D=/tmp/side-by-side-$SYSTEM; rm -rf $D; mkdir -p $D
 trap 'tar czf $OUT/side-by-side-$SYSTEM.tgz -C /tmp side-by-side-$SYSTEM' EXIT
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-BENCH="python3 -m pdserve bench run --model qwen3-8b --tokenizer /tmp/q8b/tokenizer.json --input-tokens 3072
-  --output-tokens 256 --ttft-slo-ms 2000 --itl-slo-ms 50"
 say() { echo "[$SYSTEM $(date +%T)] $*"; }
+# bench NEED_S NAME URL FOLDER FLAGS...: `pdserve bench run` of one target, if NEED_S seconds are left before
+# DEADLINE_S (and cut off there); its results.md rows on stdout.
+bench() {
+  local need=$1 name=$2 url=$3 folder=$4 left=$((DEADLINE_S - SECONDS))
+  shift 4
+  [ $left -ge "$need" ] || { say "skipped $folder: ${left}s left of ${need}s needed"; return 1; }
+  timeout $left python3 -m pdserve bench run -t "$name=$url" --model qwen3-8b --tokenizer /tmp/q8b/tokenizer.json \
+    --output-tokens 256 --ttft-slo-ms 2000 --itl-slo-ms 50 --duration "$LOAD_S" --out $D/$folder "$@" \
+    > $D/$folder.log 2>&1
+  grep -E "^\| $name " $D/$folder/results.md | sed "s|^|[$folder] |"
+}
+# each rate's load, then its longest requests draining
+levels_s() { echo $(( $(echo "$1" | tr ',' '\n' | grep -c .) * (LOAD_S + 20) )); }
+sweeps() {  # NAME URL: the synthetic sweep, then the chat sweep
+  [ -z "$RATE" ] || bench "$(levels_s "$RATE")" "$1" "$2" bench --input-tokens 3072 --rate "$RATE"
+  [ -z "$CHAT_RATE" ] || bench "$(levels_s "$CHAT_RATE")" "$1" "$2" chat --workload chat --prefix-tokens 2048 \
+    --input-tokens 256 --turns 4 --rate "$CHAT_RATE"
+}
 case $SYSTEM in
 reference)
   # Ray 2.58's OpenAI ingress answers every request 400 "Field required at ('query', 'self')" under FastAPI >= 0.137
@@ -30,15 +50,13 @@ reference)
   RAY="python3 -m ray.scripts.scripts"
   python3 -m pdserve demo-model /tmp/q8b --shape qwen3-8b > /dev/null || exit 1
   $RAY start --head --node-ip-address 127.0.0.1 --num-gpus 1 --num-cpus 16 --dashboard-port 8265 \
-    --disable-usage-stats > $D/ray-start.log 2>&1 || { tail -20 $D/ray-start.log; exit 1; }
+    --metrics-export-port 8090 --disable-usage-stats > $D/ray-start.log 2>&1 || { tail -20 $D/ray-start.log; exit 1; }
   python3 bench/gpu/reference_start.py --model-dir /tmp/q8b --out $D/reference.json --timeout-s 400 \
     > $D/ready.txt 2>&1; tail -2 $D/ready.txt
-  if grep -q '"status": "RUNNING"' $D/ready.txt; then
-    timeout 300 $BENCH -t reference=http://127.0.0.1:8000 --rate "$RATE" --duration "$LOAD_S" --out $D/bench \
-      > $D/bench.log 2>&1; grep -E "^\| reference " $D/bench/results.md
-  fi
-  python3 bench/gpu/kv_log_rate.py $(grep -rl "KV Transfer metrics" /tmp/ray/session_latest/logs/ 2>/dev/null) \
-    | tee $D/kv-rate.json
+  grep -q '"status": "RUNNING"' $D/ready.txt && sweeps reference http://127.0.0.1:8000
+  sleep 10  # Ray's agent exports what the replicas reported up to its last interval
+  curl -s http://127.0.0.1:8090/metrics > $D/ray-metrics.txt
+  python3 bench/gpu/kv_rate.py $D/ray-metrics.txt | tee $D/kv-rate.json
   $RAY stop --force > /dev/null 2>&1
   tar czf $D/ray-logs.tgz -C /tmp/ray session_latest/logs 2>/dev/null ;;
 pdserve)
@@ -50,17 +68,20 @@ pdserve)
   for _ in $(seq 420); do grep -q "^ready in" $D/up.log && break; kill -0 $UP 2>/dev/null || break; sleep 1; done
   grep -E "^ready in" $D/up.log | tee $D/ready.txt
   if [ -s $D/ready.txt ]; then
-    if [ -n "$RATE" ]; then
-      timeout 300 $BENCH -t pdserve=http://127.0.0.1:$PORT --rate "$RATE" --duration "$LOAD_S" --out $D/bench \
-        > $D/bench.log 2>&1; grep -E "^\| pdserve " $D/bench/results.md
-      python3 bench/gpu/kv_log_rate.py $LOG_DIR/decode-*.log | tee $D/kv-rate.json
-    fi
-    for run in $(seq $RUNS); do
-      timeout 200 $BENCH -t direct=http://127.0.0.1:$((PORT + 200)) -t pd=http://127.0.0.1:$PORT \
-        --rate "$DIRECT_RATE" --duration ${DIRECT_S:-30} --seed $run --out $D/ttft-$run > $D/ttft-$run.log 2>&1
-      grep -E "^\| (direct|pd) " $D/ttft-$run/results.md | sed "s/^/[run $run] /"
+    source bench/gpu/metrics.sh
+    GATEWAY=http://127.0.0.1:$PORT PREFILL=http://127.0.0.1:$((PORT + 100)) DECODE=http://127.0.0.1:$((PORT + 200))
+    for run in $(seq $RUNS); do  # direct, then PD, the same arrivals; the counters around both
+      DIRECT_S=${DIRECT_S:-30}
+      metrics_around $D/ttft-$run $GATEWAY $PREFILL $DECODE -- \
+        bench $((2 * (DIRECT_S + 10))) direct $DECODE ttft-$run/bench -t pd=$GATEWAY --input-tokens 3072 \
+        --rate "$DIRECT_RATE" --duration $DIRECT_S --seed $run
+      grep -E "^\| pd " $D/ttft-$run/bench/results.md | sed "s/^/[run $run] /"
     done
-    curl -s http://127.0.0.1:$PORT/metrics | grep -E "^pdserve_(prefill_first_tokens|kv_handoff_seconds_(sum|count))" \
+    sweeps pdserve $GATEWAY
+    curl -s $DECODE/metrics > $D/decode-metrics.txt
+    python3 bench/gpu/kv_rate.py $D/decode-metrics.txt | tee $D/kv-rate.json
+    python3 bench/gpu/kv_rate.py $LOG_DIR/decode-*.log > $D/kv-rate-from-log.json  # the same, a cross-check
+    curl -s $GATEWAY/metrics | grep -E "^pdserve_(prefill_first_tokens|kv_handoff_seconds_(sum|count))" \
       > $D/gateway-metrics.txt
   else
     say "not ready; last lines of up.log:"; tail -15 $D/up.log

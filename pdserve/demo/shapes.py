@@ -195,6 +195,8 @@ def write_shape_model(target_dir: Path, shape: Shape) -> Path:
 def _write_tokenizer(target_dir: Path, config: Mapping[str, object]) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers  # the demo extra; vLLM installs it too
 
+    from pdserve.demo.corpus import CHAT_TEMPLATE  # imports tokenizers too
+
     specials = {_int(config, field): token for field, token in _SPECIAL_TOKENS.items()}
     vocab = {specials.get(token_id, f"t{token_id}"): token_id for token_id in range(_int(config, "vocab_size"))}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
@@ -205,6 +207,7 @@ def _write_tokenizer(target_dir: Path, config: Mapping[str, object]) -> None:
         "eos_token": _SPECIAL_TOKENS["eos_token_id"],
         "pad_token": _SPECIAL_TOKENS["bos_token_id"],
         "model_max_length": _int(config, "max_position_embeddings"),
+        "chat_template": CHAT_TEMPLATE,  # vLLM refuses chat requests to a tokenizer without one
     }
     (target_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1) + "\n", encoding="utf-8")
 

@@ -39,6 +39,16 @@ def test_tokenizer_is_padded_to_vocab_size_with_specials_at_the_config_ids(qwen3
     assert tokenizer.encode(tokenizer.decode([7, last])).ids == [7, last]  # random-id prompts round-trip
 
 
+def test_chat_requests_render_through_the_shapes_template(qwen3_8b: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(qwen3_8b))
+    messages = [{"role": "system", "content": "t5 t6"}, {"role": "user", "content": "t7"}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert "t5 t6" in text and "t7" in text and text.endswith("assistant\n")
+    assert tokenizer.encode(text, add_special_tokens=False).count(tokenizer.eos_token_id) == 2  # one per turn
+
+
 def test_no_weights_are_written(qwen3_8b: Path) -> None:
     assert sorted(path.name for path in qwen3_8b.iterdir()) == sorted(FILES)
 
