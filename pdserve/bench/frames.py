@@ -1,4 +1,5 @@
 """The bytes vLLM's OpenAI server sends, for the synthetic upstream: SSE chunks, usage, whole replies.
+Compact JSON, as vLLM writes its stream events (pydantic's ``model_dump_json``).
 
 Each chunk is spliced from pre-encoded halves around the token's JSON string, so the upstream
 spends microseconds per token and never competes with the gateway it is measuring. Pure.
@@ -21,7 +22,7 @@ class Frames:
         self._object = "chat.completion.chunk" if is_chat else "text_completion"
         self._id = ("chatcmpl-" if is_chat else "cmpl-") + request_id
         self._header = {"id": self._id, "object": self._object, "created": created_s, "model": model}
-        opening = json.dumps(self._header)[:-1].encode()
+        opening = _compact(self._header)[:-1]
         self._before_text = b"data: " + opening + (
             b',"choices":[{"index":0,"delta":{"content":' if is_chat else b',"choices":[{"index":0,"text":'
         )
@@ -80,4 +81,8 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def _event(data: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(data).encode() + b"\n\n"
+    return b"data: " + _compact(data) + b"\n\n"
+
+
+def _compact(data: dict[str, Any]) -> bytes:
+    return json.dumps(data, separators=(",", ":")).encode()

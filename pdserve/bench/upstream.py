@@ -1,11 +1,14 @@
 """A synthetic OpenAI-compatible engine that streams tokens at a set pace: the stand-in upstream
 for measuring the gateway's own cost, and a fast fake for tests. It computes nothing.
 
-It speaks the two PD legs like vLLM with the NixlConnector: a non-streamed request with
+It speaks the two PD legs like vLLM 0.26 with the NixlConnector: a non-streamed request with
 ``kv_transfer_params.do_remote_decode`` is a prefill leg (waits ``ttft_s``, answers JSON with
-``kv_transfer_params``); a request carrying ``do_remote_prefill`` is a decode leg (its first
-token comes ``handoff_s`` later); anything else is a whole request (first token after ``ttft_s``).
-Token i's text is ``token_text(i)``, so tests can check a relay kept every byte.
+``kv_transfer_params``, and with ``return_token_ids`` the prompt's and its token's ids); a request carrying
+``do_remote_prefill`` is a decode leg (its first token comes ``handoff_s`` later); anything else is a whole
+request (first token after ``ttft_s``). Its ``/metrics`` says its KV block size, as vLLM's
+``vllm:cache_config_info`` does, which the gateway needs to hand a decode engine the prefill engine's token
+(pd/first_token.py). Token i's text is ``token_text(i)`` and its id ``TOKEN_ID_BASE + i``, and a decode leg
+whose prompt ends in such an id continues after it, so tests can check a relay kept every byte.
 
 Bare asyncio protocol + httptools, tokens sent from timer callbacks: tens of microseconds per
 request and per token, so that on a small machine it never competes with what it measures.
@@ -29,6 +32,10 @@ import httptools
 from pdserve.bench.frames import Frames, prompt_tokens
 
 _BLOCK_TOKENS = 16
+TOKEN_ID_BASE = 1_000_000  # above any vocabulary: a prompt id this high is a token this engine generated
+_PROMPT_ID_BASE = 100  # a text prompt's stand-in ids, one per word (frames.prompt_tokens)
+# vLLM's cache_config_info gauge (v1/metrics/loggers.py, log_metrics_info), cut to the labels the gateway reads
+_METRICS = (b'vllm:cache_config_info{block_size="%d",num_gpu_blocks="65536"} 1.0\n' % _BLOCK_TOKENS)
 _SSE_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
              b"transfer-encoding: chunked\r\n\r\n")
 _CHAT_PATH = b"/v1/chat/completions"
@@ -97,7 +104,8 @@ async def serve_forever(pace: Pace, *, port: int, announce: Callable[[str], None
 class _Stream:
     frames: Frames
     max_tokens: int
-    first_token_s: float  # time.monotonic() deadline of token 0
+    first_token_s: float  # time.monotonic() deadline of token first_index
+    first_index: int  # 0, or where a decode leg continues after the prefill engine's token
     usage: bytes  # the usage event, or b"" when the client did not ask for it
 
 
@@ -141,6 +149,8 @@ class _Connection(asyncio.Protocol):
         self._url, self._body = b"", bytearray()
         if self._parser.get_method() == b"GET" and path == b"/health":
             self._send_json(200, b"")
+        elif self._parser.get_method() == b"GET" and path == b"/metrics":
+            self._send(200, b"text/plain; version=0.0.4", _METRICS)
         elif path in _PATHS:
             self._complete(is_chat=path == _CHAT_PATH, raw=raw)
         else:
@@ -166,8 +176,10 @@ class _Connection(asyncio.Protocol):
         self._counts.decode += is_decode_leg
         self._counts.whole += not is_decode_leg
         first_token_s = arrived_s + (self._pace.handoff_s if is_decode_leg else self._pace.ttft_s)
+        first_index = _continues_at(body) if is_decode_leg else 0
         if not body.get("stream"):
-            whole = frames.whole_reply(reply_text(max_tokens), prompt_tokens=prompt_tokens(body),
+            text = "".join(token_text(index) for index in range(first_index, first_index + max_tokens))
+            whole = frames.whole_reply(text, prompt_tokens=prompt_tokens(body),
                                        completion_tokens=max_tokens)
             done_s = first_token_s + (max_tokens - 1) / self._pace.tokens_per_s
             self._timer = _call_at(done_s, self._send_json, 200, json.dumps(whole).encode())
@@ -175,18 +187,20 @@ class _Connection(asyncio.Protocol):
         usage = frames.usage(prompt_tokens=prompt_tokens(body), completion_tokens=max_tokens) if (
             (body.get("stream_options") or {}).get("include_usage")) else b""
         self._write(_SSE_HEAD)
-        stream = _Stream(frames, max_tokens=max_tokens, first_token_s=first_token_s, usage=usage)
-        self._timer = _call_at(first_token_s, self._send_token, stream, 0)
+        stream = _Stream(frames, max_tokens=max_tokens, first_token_s=first_token_s, first_index=first_index,
+                         usage=usage)
+        self._timer = _call_at(first_token_s, self._send_token, stream, first_index)
 
     def _send_token(self, stream: _Stream, index: int) -> None:
-        """Token ``index`` now; token i is due at first_token_s + i / rate (absolute, so delays never add up)."""
-        is_last = index == stream.max_tokens - 1
+        """Token ``index`` now; each is due at first_token_s + its place / rate (absolute, so delays never add up)."""
+        place = index - stream.first_index
+        is_last = place == stream.max_tokens - 1
         event = stream.frames.token(token_text(index), is_last=is_last)
-        if index == 0:
+        if place == 0:
             event = stream.frames.role() + event
         if not is_last:
             self._write_chunk(event)
-            due_s = stream.first_token_s + (index + 1) / self._pace.tokens_per_s
+            due_s = stream.first_token_s + (place + 1) / self._pace.tokens_per_s
             self._timer = _call_at(due_s, self._send_token, stream, index + 1)
             return
         self._timer = None
@@ -196,10 +210,13 @@ class _Connection(asyncio.Protocol):
         self._write(b"%x\r\n%b\r\n%b" % (len(data), data, b"0\r\n\r\n" if is_end else b""))
 
     def _send_json(self, status: int, payload: bytes) -> None:
+        self._send(status, b"application/json", payload)
+
+    def _send(self, status: int, content_type: bytes, payload: bytes) -> None:
         self._timer = None
         reason = {200: b"OK", 400: b"Bad Request", 404: b"Not Found"}[status]
-        self._write(b"HTTP/1.1 %d %b\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
-                    % (status, reason, len(payload), payload))
+        self._write(b"HTTP/1.1 %d %b\r\ncontent-type: %b\r\ncontent-length: %d\r\n\r\n%b"
+                    % (status, reason, content_type, len(payload), payload))
 
     def _write(self, data: bytes) -> None:
         if self._transport is not None and not self._transport.is_closing():
@@ -220,12 +237,31 @@ def _call_at(due_s: float, callback: Callable[..., None], *args: Any) -> asyncio
 
 
 def _prefill_reply(frames: Frames, body: dict[str, Any]) -> dict[str, Any]:
+    """vLLM 0.26's prefill reply: completion/serving.py (``prompt_token_ids`` and ``token_ids`` with
+    ``return_token_ids``), nixl/pull_scheduler.py request_finished (the handoff, ``remote_num_tokens``)."""
     prompt = prompt_tokens(body)
     reply = frames.whole_reply(token_text(0), prompt_tokens=prompt, completion_tokens=1)
+    if body.get("return_token_ids") and not frames.is_chat:
+        reply["choices"][0] |= {"prompt_token_ids": _prompt_ids(body, prompt), "token_ids": [TOKEN_ID_BASE]}
     reply["kv_transfer_params"] = {
         "do_remote_prefill": True, "do_remote_decode": False,
         "remote_block_ids": list(range(math.ceil(prompt / _BLOCK_TOKENS))),
         "remote_engine_id": "synthetic-upstream", "remote_host": "127.0.0.1", "remote_port": 0,
-        "remote_request_id": frames.request_id, "tp_size": 1,
+        "remote_request_id": frames.request_id, "tp_size": 1, "remote_num_tokens": prompt,
     }
     return reply
+
+
+def _prompt_ids(body: dict[str, Any], count: int) -> list[int]:
+    """The prompt's token ids as given, or ``count`` stand-in ids for a text prompt."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        return prompt
+    return list(range(_PROMPT_ID_BASE, _PROMPT_ID_BASE + count))
+
+
+def _continues_at(body: dict[str, Any]) -> int:
+    """The token a decode leg starts at: after the one its prompt ends in, if this engine generated it."""
+    prompt = body.get("prompt")
+    last = prompt[-1] if isinstance(prompt, list) and prompt else None
+    return last - TOKEN_ID_BASE + 1 if isinstance(last, int) and last >= TOKEN_ID_BASE else 0

@@ -57,6 +57,7 @@ async def test_gateway_relays_the_stream_intact_and_counts_it(
     assert _sample(metrics, "pdserve_requests_total", 'route="/v1/completions"', 'status="200"') == 1
     assert _sample(metrics, "pdserve_time_to_first_token_seconds_count", 'mode="pd"') == 2  # and the warm-up's
     assert _sample(metrics, "pdserve_inter_token_latency_seconds_count", 'mode="pd"') >= 1  # chunks may coalesce
+    assert _sample(metrics, "pdserve_prefill_first_tokens_total") == 1  # the first token came with the prefill leg
 
 
 async def test_load_generator_sees_every_token_through_the_gateway(
@@ -72,7 +73,7 @@ async def test_load_generator_sees_every_token_through_the_gateway(
 
 def _sample(metrics: str, name: str, *labels: str) -> float:
     """The value of the one sample of ``name`` whose labels include all of ``labels``."""
-    values = [float(match.group(2)) for match in re.finditer(rf"^{name}\{{(.*)\}} (\S+)$", metrics, re.MULTILINE)
-              if all(label in match.group(1) for label in labels)]
+    values = [float(match.group(2)) for match in re.finditer(rf"^{name}(?:\{{(.*)\}})? (\S+)$", metrics, re.MULTILINE)
+              if all(label in (match.group(1) or "") for label in labels)]
     assert len(values) == 1, f"{name} {labels}: {values}"
     return values[0]

@@ -13,8 +13,9 @@ import uvloop
 
 from pdserve.bench import runner
 from pdserve.bench.records import RequestRecord
-from pdserve.bench.upstream import Pace, Upstream, reply_text, serving_upstream
+from pdserve.bench.upstream import TOKEN_ID_BASE, Pace, Upstream, reply_text, serving_upstream, token_text
 from pdserve.bench.workload import CHAT, COMPLETIONS, BenchRequest
+from pdserve.routing.load import parse_engine_load
 
 PACE = Pace(ttft_s=0.05, tokens_per_s=200.0, handoff_s=0.0)
 
@@ -63,6 +64,31 @@ async def test_prefill_leg_answers_json_with_kv_transfer_params(upstream: Upstre
     assert payload["kv_transfer_params"]["do_remote_prefill"] is True
     assert payload["usage"] == {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
     assert counts.prefill == 1
+
+
+async def test_prefill_leg_with_token_ids_answers_them_as_vllm_does(upstream: Upstream) -> None:
+    body = {"model": "m", "prompt": "one two three", "max_tokens": 1, "stream": False, "return_token_ids": True,
+            "kv_transfer_params": {"do_remote_decode": True}}
+    async with aiohttp.ClientSession() as session, session.post(upstream.url + COMPLETIONS, json=body) as reply:
+        payload = await reply.json()
+    (choice,) = payload["choices"]
+    assert (choice["text"], choice["token_ids"]) == (token_text(0), [TOKEN_ID_BASE])
+    assert len(choice["prompt_token_ids"]) == 3 and payload["kv_transfer_params"]["remote_num_tokens"] == 3
+
+
+async def test_decode_leg_after_the_prefill_engines_token_continues_from_the_second(upstream: Upstream) -> None:
+    body = {"model": "m", "prompt": [100, 101, TOKEN_ID_BASE], "max_tokens": 4, "stream": True,
+            "kv_transfer_params": {"do_remote_prefill": True}}
+    async with aiohttp.ClientSession() as session, session.post(upstream.url + COMPLETIONS, json=body) as reply:
+        events = (await reply.read()).decode().split("\n\n")
+    texts = [json.loads(event.removeprefix("data: "))["choices"][0]["text"] for event in events[:-2]]
+    assert "".join(texts) == reply_text(5).removeprefix(token_text(0))
+
+
+async def test_metrics_give_the_block_size_the_gateway_reads(upstream: Upstream) -> None:
+    async with aiohttp.ClientSession() as session, session.get(upstream.url + "/metrics") as reply:
+        text = await reply.text()
+    assert reply.status == 200 and parse_engine_load(text, read_s=0.0).block_size == 16
 
 
 async def test_decode_leg_skips_the_prefill_time(upstream: Upstream) -> None:
