@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 _WINDOW = re.compile(r"KV Transfer metrics: Num successful transfers=(\d+), .*?Avg MB per transfer=([\d.]+), "
@@ -37,8 +38,7 @@ def from_log(text: str) -> tuple[int, float, float]:
 
 def from_metrics(text: str) -> tuple[int, float, float]:
     """Transfers, bytes and seconds summed over every engine's series of the scrape."""
-    totals = {("bytes_transferred", "sum"): 0.0, ("bytes_transferred", "count"): 0.0,
-              ("xfer_time_seconds", "sum"): 0.0, ("xfer_time_seconds", "count"): 0.0}
+    totals: defaultdict[tuple[str, str], float] = defaultdict(float)
     for metric, part, value in _HISTOGRAM.findall(text):
         totals[metric, part] += float(value)
     return (int(totals["bytes_transferred", "count"]), totals["bytes_transferred", "sum"],

@@ -17,7 +17,7 @@
 # NIXL histograms, bench/gpu/kv_rate.py, ready.txt, logs); needs the vLLM stage in /tmp/site (../shared/gpu/README.md).
 set -u
 SYSTEM=${SYSTEM:?reference or pdserve} RATE=${RATE-2,4,6,8} CHAT_RATE=${CHAT_RATE:-} LOAD_S=${LOAD_S:-20}
-RUNS=${RUNS:-0} DIRECT_RATE=${DIRECT_RATE:-2} DEADLINE_S=${DEADLINE_S:-570}
+RUNS=${RUNS:-0} DIRECT_RATE=${DIRECT_RATE:-2} DIRECT_S=${DIRECT_S:-30} DEADLINE_S=${DEADLINE_S:-570}
 D=/tmp/side-by-side-$SYSTEM; rm -rf $D; mkdir -p $D
 trap 'tar czf $OUT/side-by-side-$SYSTEM.tgz -C /tmp side-by-side-$SYSTEM' EXIT
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -71,7 +71,6 @@ pdserve)
     source bench/gpu/metrics.sh
     GATEWAY=http://127.0.0.1:$PORT PREFILL=http://127.0.0.1:$((PORT + 100)) DECODE=http://127.0.0.1:$((PORT + 200))
     for run in $(seq $RUNS); do  # direct, then PD, the same arrivals; the counters around both
-      DIRECT_S=${DIRECT_S:-30}
       metrics_around $D/ttft-$run $GATEWAY $PREFILL $DECODE -- \
         bench $((2 * (DIRECT_S + 10))) direct $DECODE ttft-$run/bench -t pd=$GATEWAY --input-tokens 3072 \
         --rate "$DIRECT_RATE" --duration $DIRECT_S --seed $run

@@ -64,11 +64,19 @@ class Frames:
         }
 
 
+def prompt_token_ids(body: dict[str, Any]) -> list[int] | None:
+    """The prompt's token ids when it is given as ids; None for text."""
+    prompt = body.get("prompt")
+    return prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], int) else None
+
+
 def prompt_tokens(body: dict[str, Any]) -> int:
     """A stand-in prompt length: words of the prompt or messages, or the token ids given."""
+    if (ids := prompt_token_ids(body)) is not None:
+        return len(ids)
     prompt = body.get("prompt")
     if isinstance(prompt, list):
-        return len(prompt) if prompt and isinstance(prompt[0], int) else sum(len(str(part).split()) for part in prompt)
+        return sum(len(str(part).split()) for part in prompt)
     if isinstance(prompt, str):
         return len(prompt.split())
     messages = body.get("messages") or []

@@ -29,7 +29,7 @@ from typing import Any, cast
 
 import httptools
 
-from pdserve.bench.frames import Frames, prompt_tokens
+from pdserve.bench.frames import Frames, prompt_token_ids, prompt_tokens
 
 _BLOCK_TOKENS = 16
 TOKEN_ID_BASE = 1_000_000  # above any vocabulary: a prompt id this high is a token this engine generated
@@ -70,9 +70,9 @@ def token_text(index: int) -> str:
     return f" w{index}"
 
 
-def reply_text(max_tokens: int) -> str:
-    """The whole text of a reply of ``max_tokens`` tokens."""
-    return "".join(token_text(index) for index in range(max_tokens))
+def reply_text(max_tokens: int, *, start: int = 0) -> str:
+    """The whole text of a reply of ``max_tokens`` tokens, from token ``start``."""
+    return "".join(token_text(index) for index in range(start, start + max_tokens))
 
 
 @asynccontextmanager
@@ -178,8 +178,7 @@ class _Connection(asyncio.Protocol):
         first_token_s = arrived_s + (self._pace.handoff_s if is_decode_leg else self._pace.ttft_s)
         first_index = _continues_at(body) if is_decode_leg else 0
         if not body.get("stream"):
-            text = "".join(token_text(index) for index in range(first_index, first_index + max_tokens))
-            whole = frames.whole_reply(text, prompt_tokens=prompt_tokens(body),
+            whole = frames.whole_reply(reply_text(max_tokens, start=first_index), prompt_tokens=prompt_tokens(body),
                                        completion_tokens=max_tokens)
             done_s = first_token_s + (max_tokens - 1) / self._pace.tokens_per_s
             self._timer = _call_at(done_s, self._send_json, 200, json.dumps(whole).encode())
@@ -254,14 +253,10 @@ def _prefill_reply(frames: Frames, body: dict[str, Any]) -> dict[str, Any]:
 
 def _prompt_ids(body: dict[str, Any], count: int) -> list[int]:
     """The prompt's token ids as given, or ``count`` stand-in ids for a text prompt."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
-        return prompt
-    return list(range(_PROMPT_ID_BASE, _PROMPT_ID_BASE + count))
+    return prompt_token_ids(body) or list(range(_PROMPT_ID_BASE, _PROMPT_ID_BASE + count))
 
 
 def _continues_at(body: dict[str, Any]) -> int:
     """The token a decode leg starts at: after the one its prompt ends in, if this engine generated it."""
-    prompt = body.get("prompt")
-    last = prompt[-1] if isinstance(prompt, list) and prompt else None
-    return last - TOKEN_ID_BASE + 1 if isinstance(last, int) and last >= TOKEN_ID_BASE else 0
+    ids = prompt_token_ids(body)
+    return ids[-1] - TOKEN_ID_BASE + 1 if ids and ids[-1] >= TOKEN_ID_BASE else 0
