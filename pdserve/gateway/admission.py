@@ -80,8 +80,7 @@ class Admission:
         Raises Overloaded when the queue is full or the wait passes ``queue_timeout_s``.
         """
         def with_room() -> list[Endpoint]:
-            return [endpoint for endpoint in candidates()
-                    if endpoint.in_flight < self._spec.max_in_flight_per_engine]
+            return self._with_room(candidates())
 
         if over_cap:
             return with_room() or candidates()
@@ -90,6 +89,14 @@ class Admission:
             await self._wait(line, lambda: bool(with_room()) or not candidates())
             room = with_room()
         return room
+
+    def has_room(self, candidates: list[Endpoint]) -> bool:
+        """Whether a leg would get one of ``candidates``' slots now: none is waiting, one has room."""
+        return bool(candidates) and not self._engine_lines[candidates[0].role].waiters and bool(
+            self._with_room(candidates))
+
+    def _with_room(self, candidates: list[Endpoint]) -> list[Endpoint]:
+        return [endpoint for endpoint in candidates if endpoint.in_flight < self._spec.max_in_flight_per_engine]
 
     @contextmanager
     def engine_slot(self, endpoint: Endpoint) -> Iterator[None]:

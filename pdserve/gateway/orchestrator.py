@@ -61,7 +61,8 @@ class Orchestrator:
         self.recent = RecentRequests() if recent is None else recent  # what the live page lists
 
     async def run(self, call: Call) -> Reply:
-        """Serve ``call``: returns once the decode engine has accepted the request.
+        """Serve ``call``: returns once the decode engine has accepted the request, or, when the
+        prefill engine's token leads the reply, once a decode engine with room is being asked.
 
         The decode engine is chosen first (routing/router.py: its load against the prompt's
         cached prefix); then whether a prefill engine computes the prompt, or that decode engine.
@@ -86,13 +87,26 @@ class Orchestrator:
                 decode_body, lead = first_token.continue_after(call.body, first, fields)
                 self._metrics.prefill_first_tokens.inc()
         tried: list[Endpoint] = []
-        try:
-            leg = await self._open_decode(call, decode_body, tried, decode_policy)
-        except BaseException:
-            if kv is not None and not tried:  # no decode engine ever saw this handoff
-                self._release(kv, call.request_id)
-            raise
-        self._router.record(key, leg.endpoint)
+
+        async def open_leg(*, over_cap: bool = False) -> DecodeLeg:
+            try:
+                leg = await self._open_decode(call, decode_body, tried, decode_policy, over_cap=over_cap)
+            except BaseException:
+                if kv is not None and not tried:  # no decode engine ever saw this handoff
+                    self._release(kv, call.request_id)
+                raise
+            self._router.record(key, leg.endpoint)
+            return leg
+
+        # The client has its first token while the decode leg opens, where a decode engine has room
+        # now (it was admitted: over_cap); else the leg opens first, so a full pool still answers 429.
+        # Nothing else there refuses what the prefill engine took: vLLM caps max_tokens at the context
+        # left (get_max_tokens, vLLM 0.26 and 0.32) rather than refusing it.
+        leg: DecodeLeg | asyncio.Task[DecodeLeg]
+        if lead is not None and self._admission.has_room(self._pool.healthy(Role.DECODE)):
+            leg = asyncio.create_task(open_leg(over_cap=True))
+        else:
+            leg = await open_leg()
         relay = Relay(call, leg, mode=Mode.PD if kv is not None else Mode.LOCAL, prefill_done_s=prefill_done_s, kv=kv,
                       lead=lead, reopen=lambda body: self._open_decode(call, body, tried, decode_policy, over_cap=True),
                       leg_failed=self.leg_failed, spec=self._spec, metrics=self._metrics, handoffs=self._handoffs,

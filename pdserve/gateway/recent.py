@@ -19,7 +19,8 @@ class FinishedRequest:
     request_id: str
     mode: str  # "pd" or "local", as served
     prefill_url: str | None  # None: the decode engine prefilled the prompt itself
-    decode_url: str  # the engine that sent the last byte (another one than first chosen after a failover)
+    decode_url: str | None  # the engine that sent the last byte (another one than first chosen after a failover);
+    # None: the stream ended after the prefill engine's token, before a decode engine answered
     ttft_s: float | None  # arrival to first token (a whole reply: to the whole body)
     handoff_s: float | None  # prefill done to first decoded token; None when no KV was handed off
     e2e_s: float  # arrival to the relay's end

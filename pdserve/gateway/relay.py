@@ -7,6 +7,7 @@ What happens when an engine fails mid-request is described in orchestrator.py an
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -70,12 +71,16 @@ class Relay:
     that engine fails, and records its timing."""
 
     def __init__(
-        self, call: Call, leg: DecodeLeg, *, mode: Mode, prefill_done_s: float | None, kv: KVTransferParams | None,
-        reopen: Callable[[dict[str, Any]], Awaitable[DecodeLeg]], leg_failed: LegFailedHook, spec: GatewaySpec,
-        metrics: GatewayMetrics, handoffs: Handoffs, recent: RecentRequests, lead: Lead | None = None,
+        self, call: Call, leg: DecodeLeg | asyncio.Task[DecodeLeg], *, mode: Mode, prefill_done_s: float | None,
+        kv: KVTransferParams | None, reopen: Callable[[dict[str, Any]], Awaitable[DecodeLeg]],
+        leg_failed: LegFailedHook, spec: GatewaySpec, metrics: GatewayMetrics, handoffs: Handoffs,
+        recent: RecentRequests, lead: Lead | None = None,
     ) -> None:
-        """``lead``: the prefill engine's token, sent before the decode engine's (pd/first_token.py)."""
-        self._call, self._leg, self._reopen, self._leg_failed = call, leg, reopen, leg_failed
+        """``lead``: the prefill engine's token, sent before the decode engine's (pd/first_token.py).
+        ``leg``: the decode engine's open reply, or, behind a lead, the task opening it while the lead goes out."""
+        self._call, self._reopen, self._leg_failed = call, reopen, leg_failed
+        self._leg: DecodeLeg | None = leg if isinstance(leg, DecodeLeg) else None
+        self._opening = None if isinstance(leg, DecodeLeg) else leg
         self._lead = lead  # set: the decode engine counts the lead as prompt in its usage event
         self._spec, self._metrics, self._handoffs, self._recent = spec, metrics, handoffs, recent
         self._prefill_done_s = prefill_done_s  # None once the stream moved: no KV handoff to time
@@ -95,6 +100,7 @@ class Relay:
         self._error_code: str | None = None
 
     async def read_whole(self) -> bytes:
+        assert self._leg is not None, "a whole reply has no lead to send while its leg opens"
         try:
             while True:
                 try:
@@ -130,7 +136,11 @@ class Relay:
                 self._first_token(self._previous_s)
                 sent.append(self._lead.event)
                 yield self._lead.event
+            if self._opening is not None and (ending := await self._opened()) is not None:
+                yield ending
+                return
             while True:
+                assert self._leg is not None
                 try:
                     async for chunk in self._leg.response.chunks(first_timeout_s=self._spec.first_token_timeout_s,
                                                                  idle_timeout_s=self._spec.decode_idle_timeout_s,
@@ -186,8 +196,23 @@ class Relay:
         self._sent.append(chunk)
         return True
 
+    async def _opened(self) -> bytes | None:
+        """Wait for the decode leg opening behind the lead; None once it is open, else the error
+        event that ends the stream (every decode engine tried failed, or none was left)."""
+        assert self._opening is not None
+        try:  # cancelled (the client left), the task stays for finish(): its leg may have opened meanwhile
+            self._leg = await self._opening
+        except PdserveError as exc:
+            self._opening = None
+            log.error("request_id=%s no decode engine took the request after its first token: %s",
+                      self._call.request_id, exc)
+            return self._error_event("no decode engine took the request", "decode_stream_failed")
+        self._opening = None
+        return None
+
     async def _resume(self, failure: LegFailed) -> bytes | None:
         """Move the stream to another decode engine; None if it moved, else the bytes that end it."""
+        assert self._leg is not None
         log.error("request_id=%s role=decode endpoint=%s stream broke: %s",
                   self._call.request_id, self._leg.endpoint.url, failure)
         self._leg.trace.failed(failure)
@@ -211,6 +236,7 @@ class Relay:
 
     async def _switch(self, failure: LegFailed, body: dict[str, Any]) -> bool:
         """Close the failed leg and open ``body`` on another decode engine; False if none took it."""
+        assert self._leg is not None
         self._leg_failed(self._leg.endpoint, self._call.request_id, failure, is_unreachable=False)
         self._leg.close()
         try:
@@ -235,7 +261,7 @@ class Relay:
 
     def _handoff_done(self, now_s: float) -> None:
         """The decode engine's first token: the KV handoff is over."""
-        assert self._prefill_done_s is not None
+        assert self._prefill_done_s is not None and self._leg is not None
         handoff_s = self._handoff_s = now_s - self._prefill_done_s
         self._prefill_done_s = None
         self._metrics.kv_handoff.observe(handoff_s)
@@ -251,7 +277,11 @@ class Relay:
         self._is_finished = True
         elapsed_s = time.perf_counter() - self._call.arrived_s
         self._mode.e2e.observe(elapsed_s)
-        self._leg.close()
+        if self._opening is not None:  # the stream ended before its decode leg was awaited
+            self._opening.cancel()  # the opener gives the handoff back if no decode engine saw it
+            self._opening.add_done_callback(_close_opened)
+        if self._leg is not None:
+            self._leg.close()
         self._log_line(elapsed_s)
         self._recent.add(self._finished(elapsed_s))
 
@@ -265,7 +295,11 @@ class Relay:
             prefill = (f" prefill_endpoint={kv.prefill_url} prefill_ms={self._prefill_ms:.1f} "
                        f"prompt_tokens={kv.prompt_tokens} kv_blocks={kv.block_count}")
         log.info("request_id=%s mode=%s endpoint=%s status=200 elapsed_ms=%.1f%s%s", self._call.request_id,
-                 self._mode_name, self._leg.endpoint.url, elapsed_s * 1000, ttft, prefill)
+                 self._mode_name, self._decode_url, elapsed_s * 1000, ttft, prefill)
+
+    @property
+    def _decode_url(self) -> str | None:
+        return None if self._leg is None else self._leg.endpoint.url
 
     def _finished(self, elapsed_s: float) -> FinishedRequest:
         sent, is_stream = self._sent, self._call.is_stream
@@ -274,5 +308,11 @@ class Relay:
         return FinishedRequest(
             request_id=self._call.request_id, mode=self._mode_name,
             prefill_url=None if self._kv is None else self._kv.prefill_url,
-            decode_url=self._leg.endpoint.url, ttft_s=self._ttft_s, handoff_s=self._handoff_s, e2e_s=elapsed_s,
+            decode_url=self._decode_url, ttft_s=self._ttft_s, handoff_s=self._handoff_s, e2e_s=elapsed_s,
             chunks=len(sent), status=status, finished_unix_s=time.time())
+
+
+def _close_opened(opening: asyncio.Task[DecodeLeg]) -> None:
+    """Close a decode leg that opened after its stream ended (the cancel came too late)."""
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().close()

@@ -10,6 +10,8 @@ import asyncio
 import json
 from typing import Any
 
+import aiohttp
+
 from pdserve.pd.decode import RELEASE_MODEL
 from tests.fake_engine import FIRST_TOKEN_ID, KV_PARAMS, WORDS, FakeEngine
 from tests.gateway.test_app import MODEL, post
@@ -130,3 +132,83 @@ async def test_a_decode_engine_failing_after_the_first_token_hands_the_rest_to_a
                 break
     moved = [body for body in healthy.bodies if "kv_transfer_params" not in body]
     assert broken.bodies and moved == [{**streamed([*prompt, FIRST_TOKEN_ID]), "max_tokens": 4}]
+
+
+async def gated(**decode_knobs: Any) -> tuple[FakeEngine, FakeEngine, asyncio.Event]:
+    """engines() whose decode engine holds each request, headers and all, until the event is set
+    (set now: the gateway's warm-up goes through; a test clears it)."""
+    gate = asyncio.Event()
+    gate.set()
+    prefill, decode = engines(decode_gate=gate, **decode_knobs)
+    return prefill, decode, gate
+
+
+async def test_the_first_token_reaches_the_client_before_the_decode_engine_answers() -> None:
+    prefill, decode, gate = await gated()
+    async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05) as base:
+        await settled(base)
+        gate.clear()
+        async with aiohttp.ClientSession() as session, \
+                session.post(base + "/v1/completions", json=streamed(PROMPT_WITH_ROOM)) as reply:
+            first = await asyncio.wait_for(reply.content.readuntil(b"\n\n"), 5.0)
+            held = list(decode.bodies)  # the decode engine has the request and has not answered yet
+            gate.set()
+            rest = await reply.read()
+    assert reply.status == 200 and events(first)[0]["choices"][0]["text"] == WORDS[0]
+    assert len(held) == 1 and held[0]["prompt"] == [*PROMPT_WITH_ROOM, FIRST_TOKEN_ID]
+    assert text_of(first + rest) == "".join(WORDS) and rest.endswith(b"data: [DONE]\n\n")
+
+
+async def test_no_decode_engine_taking_the_request_after_the_first_token_ends_the_stream_with_an_error_event() -> None:
+    prefill, decode = engines()
+    async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05) as base:
+        await settled(base)
+        decode.reject_status = 500  # every decode leg fails (a 5xx: not the request's fault)
+        status, payload = await post(base, streamed(PROMPT_WITH_ROOM), headers={"X-Request-Id": "r9"})
+        metrics = await metrics_of(base)
+    answer, failure = events(payload)
+    assert status == 200 and answer["choices"][0]["text"] == WORDS[0] and payload.endswith(b"data: [DONE]\n\n")
+    assert failure["error"]["code"] == "decode_stream_failed" and "r9" in failure["error"]["message"]
+    assert "127.0.0.1" not in failure["error"]["message"]
+    assert 'pdserve_leg_failures_total{role="decode"}' in metrics
+
+
+async def test_a_full_decode_engine_refuses_with_429_before_the_first_token() -> None:
+    prefill, decode, gate = await gated()
+    async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05, max_in_flight_per_engine=1,
+                            max_queued=0) as base:
+        await settled(base)
+        gate.clear()
+        holding = asyncio.create_task(post(base, streamed(PROMPT_WITH_ROOM)))
+        for _ in range(250):  # until the first request holds the decode engine's one slot
+            if decode.bodies:
+                break
+            await asyncio.sleep(0.02)
+        status, payload = await post(base, streamed(PROMPT_WITH_ROOM))
+        gate.set()
+        held_status, _ = await holding
+    assert status == 429 and json.loads(payload)["error"]["code"] == "overloaded", payload
+    # The refused request's handoff is given back through the decode engine (orchestrator.py, fault 4).
+    assert held_status == 200 and [body["model"] for body in decode.bodies] == [MODEL, RELEASE_MODEL]
+
+
+async def test_a_client_leaving_after_the_first_token_frees_the_decode_engines_slot() -> None:
+    prefill, decode, gate = await gated()
+    async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05) as base:
+        await settled(base)
+        gate.clear()
+        async with aiohttp.ClientSession() as session, \
+                session.post(base + "/v1/completions", json=streamed(PROMPT_WITH_ROOM)) as reply:
+            await asyncio.wait_for(reply.content.readuntil(b"\n\n"), 5.0)
+            reply.close()  # gone while the decode engine still holds its answer
+        gate.set()
+        legs = ""
+        for _ in range(250):
+            legs = "\n".join(line for line in (await metrics_of(base)).splitlines()
+                             if line.startswith("pdserve_engine_legs_in_flight{") and 'role="decode"' in line)
+            if legs.endswith(" 0.0"):
+                break
+            await asyncio.sleep(0.02)
+        status, payload = await post(base, streamed(PROMPT_WITH_ROOM))  # the engine serves the next one
+    assert legs.endswith(" 0.0"), legs
+    assert status == 200 and text_of(payload) == "".join(WORDS)
