@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -134,26 +136,29 @@ async def test_a_decode_engine_failing_after_the_first_token_hands_the_rest_to_a
     assert broken.bodies and moved == [{**streamed([*prompt, FIRST_TOKEN_ID]), "max_tokens": 4}]
 
 
-async def gated(**decode_knobs: Any) -> tuple[FakeEngine, FakeEngine, asyncio.Event]:
-    """engines() whose decode engine holds each request, headers and all, until the event is set
-    (set now: the gateway's warm-up goes through; a test clears it)."""
+@asynccontextmanager
+async def held_decode(**gateway: Any) -> AsyncIterator[tuple[str, FakeEngine, asyncio.Event]]:
+    """A settled gateway over engines() whose decode engine holds each request, headers and all,
+    until the event is set (the gateway's warm-up went through first); yields its URL too."""
     gate = asyncio.Event()
     gate.set()
-    prefill, decode = engines(decode_gate=gate, **decode_knobs)
-    return prefill, decode, gate
+    prefill, decode = engines(decode_gate=gate)
+    async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05, **gateway) as base:
+        await settled(base)
+        gate.clear()
+        try:
+            yield base, decode, gate
+        finally:
+            gate.set()  # a request still held would keep the engine from shutting down
 
 
 async def test_the_first_token_reaches_the_client_before_the_decode_engine_answers() -> None:
-    prefill, decode, gate = await gated()
-    async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05) as base:
-        await settled(base)
-        gate.clear()
-        async with aiohttp.ClientSession() as session, \
-                session.post(base + "/v1/completions", json=streamed(PROMPT_WITH_ROOM)) as reply:
-            first = await asyncio.wait_for(reply.content.readuntil(b"\n\n"), 5.0)
-            held = list(decode.bodies)  # the decode engine has the request and has not answered yet
-            gate.set()
-            rest = await reply.read()
+    async with held_decode() as (base, decode, gate), aiohttp.ClientSession() as session, \
+            session.post(base + "/v1/completions", json=streamed(PROMPT_WITH_ROOM)) as reply:
+        first = await asyncio.wait_for(reply.content.readuntil(b"\n\n"), 5.0)
+        held = list(decode.bodies)  # the decode engine has the request and has not answered yet
+        gate.set()
+        rest = await reply.read()
     assert reply.status == 200 and events(first)[0]["choices"][0]["text"] == WORDS[0]
     assert len(held) == 1 and held[0]["prompt"] == [*PROMPT_WITH_ROOM, FIRST_TOKEN_ID]
     assert text_of(first + rest) == "".join(WORDS) and rest.endswith(b"data: [DONE]\n\n")
@@ -174,11 +179,7 @@ async def test_no_decode_engine_taking_the_request_after_the_first_token_ends_th
 
 
 async def test_a_full_decode_engine_refuses_with_429_before_the_first_token() -> None:
-    prefill, decode, gate = await gated()
-    async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05, max_in_flight_per_engine=1,
-                            max_queued=0) as base:
-        await settled(base)
-        gate.clear()
+    async with held_decode(max_in_flight_per_engine=1, max_queued=0) as (base, decode, gate):
         holding = asyncio.create_task(post(base, streamed(PROMPT_WITH_ROOM)))
         for _ in range(250):  # until the first request holds the decode engine's one slot
             if decode.bodies:
@@ -193,13 +194,11 @@ async def test_a_full_decode_engine_refuses_with_429_before_the_first_token() ->
 
 
 async def test_a_client_leaving_after_the_first_token_frees_the_decode_engines_slot() -> None:
-    prefill, decode, gate = await gated()
-    async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05) as base:
-        await settled(base)
-        gate.clear()
+    async with held_decode() as (base, decode, gate):
         async with aiohttp.ClientSession() as session, \
                 session.post(base + "/v1/completions", json=streamed(PROMPT_WITH_ROOM)) as reply:
             await asyncio.wait_for(reply.content.readuntil(b"\n\n"), 5.0)
+            held = len(decode.bodies)
             reply.close()  # gone while the decode engine still holds its answer
         gate.set()
         legs = ""
@@ -210,5 +209,5 @@ async def test_a_client_leaving_after_the_first_token_frees_the_decode_engines_s
                 break
             await asyncio.sleep(0.02)
         status, payload = await post(base, streamed(PROMPT_WITH_ROOM))  # the engine serves the next one
-    assert legs.endswith(" 0.0"), legs
+    assert held == 1 and legs.endswith(" 0.0"), legs
     assert status == 200 and text_of(payload) == "".join(WORDS)
