@@ -69,6 +69,8 @@ class FakeEngine:
         if self.reject_status:
             error = {"message": self.reject_message, "type": "BadRequestError", "param": None, "code": 400}
             return JSONResponse({"error": error}, status_code=self.reject_status)
+        if (too_long := self._past_context(body)) is not None:
+            return JSONResponse({"error": too_long}, status_code=400)
         if (body.get("kv_transfer_params") or {}).get("do_remote_decode"):
             return JSONResponse(self._prefilled(body, request_id=request.headers.get("x-request-id", "fake")))
         if self.decode_gate is not None:
@@ -78,14 +80,30 @@ class FakeEngine:
                                      media_type="text/event-stream")
         return JSONResponse({"choices": [{"text": "".join(self.words)}], "usage": {"completion_tokens": len(self.words)}})
 
+    def _past_context(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """vLLM's refusal of a prompt that leaves no room in the context for one output token
+        (v1/engine/input_processor.py, _validate_prompt_len; its message); None when there is room.
+        A larger max_tokens is no refusal: vLLM caps it at the context left (get_max_tokens)."""
+        max_model_len = (self.model_card or MODEL_CARD)["max_model_len"]
+        if (length := len(self._prompt_ids(body))) < max_model_len:
+            return None
+        message = (f"The decoder prompt (length {length}) plus the number of requested output tokens (at least 1) "
+                   f"is longer than the maximum model length of {max_model_len}.")
+        return {"message": message, "type": "BadRequestError", "param": None, "code": 400}
+
+    @staticmethod
+    def _prompt_ids(body: dict[str, Any]) -> list[int]:
+        """This fake's tokens: the ids given, else one per word of a text prompt, ids from 100."""
+        prompt = body.get("prompt") if "prompt" in body else body.get("messages")
+        return prompt if isinstance(prompt, list) and all(isinstance(x, int) for x in prompt) else [
+            100 + index for index, _ in enumerate(str(prompt).split())]
+
     def _prefilled(self, body: dict[str, Any], *, request_id: str) -> dict[str, Any]:
         """A prefill reply as vLLM 0.26 shapes it (entrypoints/openai/completion/serving.py,
         request_output_to_completion_response; kv_connector/v1/nixl/pull_scheduler.py, request_finished):
         with ``return_token_ids``, the prompt's and the token's ids; ``remote_num_tokens``, the prompt
-        tokens the engine computed. This fake's tokens: one per word of a text prompt, ids from 100."""
-        prompt = body.get("prompt") if "prompt" in body else body.get("messages")
-        ids = prompt if isinstance(prompt, list) and all(isinstance(x, int) for x in prompt) else [
-            100 + index for index, _ in enumerate(str(prompt).split())]
+        tokens the engine computed."""
+        ids = self._prompt_ids(body)
         choice: dict[str, Any] = {"index": 0, "text": self.words[0], "logprobs": None, "finish_reason": "length",
                                   "stop_reason": None}
         if body.get("return_token_ids"):

@@ -93,12 +93,15 @@ class Gateway:
             self._model_cards = ModelCards(session, settings=self.settings)
             monitor = KVMonitor(spec=spec, handoffs=handoffs, collector=self.metrics.engine_kv,
                                 load_interval_s=self.settings.routing.load_scrape_interval_s)
+            cards = self._model_cards
             self._orchestrator = Orchestrator(
                 client=client, pool=self.pool, admission=self.admission, router=self.router, spec=spec,
                 connector=self.settings.kv.connector, metrics=self.metrics, handoffs=handoffs, recent=self.recent,
+                max_model_len=lambda: cards.max_model_len,
             )
             watchers = [
                 asyncio.create_task(self.source.follow(self.pool)),
+                asyncio.create_task(cards.fetch_once_up(self.pool, interval_s=spec.health_interval_s)),
                 *self._engine_watchers(session, monitor),
                 asyncio.create_task(readiness.keep_warm(self._orchestrator, self.pool, self.readiness,
                                                         warm_pair=readiness.pair_warmer(client, kv=self.settings.kv),

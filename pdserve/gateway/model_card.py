@@ -16,6 +16,8 @@ from typing import Any
 import aiohttp
 
 from pdserve.config import Settings
+from pdserve.role import Role
+from pdserve.routing.pool import Pool
 
 log = logging.getLogger(__name__)
 FETCH_TIMEOUT_S = 5.0
@@ -35,6 +37,20 @@ class ModelCards:
     @property
     def is_from_engine(self) -> bool:
         return self._card is not None
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The engines' context length in tokens, once an engine has given its card."""
+        length = None if self._card is None else self._card.get("max_model_len")
+        return length if isinstance(length, int) else None
+
+    async def fetch_once_up(self, pool: Pool, *, interval_s: float) -> None:
+        """Fetch the engines' card once an engine is healthy: a reply whose prompt fills the context
+        ends at the prefill engine's token (pd/first_token.py), which needs its length."""
+        while self._card is None:
+            await self.card([endpoint.url for role in (Role.DECODE, Role.PREFILL) for endpoint in pool.healthy(role)])
+            if self._card is None:
+                await asyncio.sleep(interval_s)
 
     async def card(self, engine_urls: Sequence[str]) -> dict[str, Any]:
         """The engines' card (asking ``engine_urls`` in turn until one answers), else the config's."""

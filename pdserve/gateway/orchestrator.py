@@ -53,9 +53,11 @@ class Orchestrator:
     def __init__(
         self, *, client: EngineClient, pool: Pool, admission: Admission, router: Router,
         spec: GatewaySpec, connector: str, metrics: GatewayMetrics, handoffs: Handoffs,
-        recent: RecentRequests | None = None,
+        recent: RecentRequests | None = None, max_model_len: Callable[[], int | None] = lambda: None,
     ) -> None:
+        """``max_model_len``: the engines' context length, once known (gateway/model_card.py)."""
         self._client, self._pool, self._admission, self._router = client, pool, admission, router
+        self._max_model_len = max_model_len
         self._spec, self._connector, self._metrics, self._handoffs = spec, connector, metrics, handoffs
         self._releases: set[asyncio.Task[None]] = set()  # handoffs being given back (owned: see close)
         self.recent = RecentRequests() if recent is None else recent  # what the live page lists
@@ -79,7 +81,7 @@ class Orchestrator:
         decode_body = call.body if kv is None else decode.make_body(call.body, kv)
         lead = None
         if kv is not None and kv.first is not None:
-            first = first_token.for_client(call.body, kv.first)
+            first = first_token.for_client(call.body, kv.first, max_model_len=self._max_model_len())
             if first.finish_reason is not None:  # the prefill engine's token is the whole reply
                 self._release(kv, call.request_id)
                 return self._first_token_only(call, first)

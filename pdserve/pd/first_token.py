@@ -81,10 +81,14 @@ def read(reply: dict[str, Any]) -> FirstToken | None:
     return first
 
 
-def for_client(body: dict[str, Any], first: FirstToken) -> FirstToken:
+def for_client(body: dict[str, Any], first: FirstToken, *, max_model_len: int | None) -> FirstToken:
     """``first`` as the client's request ends it: the prefill leg's own limit of one token is no
-    finish unless the client asked for one token (``resume.shorter_limits`` leaves it 1 then)."""
+    finish unless the client asked for one token (``resume.shorter_limits`` leaves it 1 then) or the
+    prompt left room in the context (``max_model_len``, None: unknown) for that one only: vLLM caps
+    max_tokens at the context left (get_max_tokens, vLLM 0.26 and 0.32), so one engine ends there too."""
     if first.finish_reason != "length" or resume.shorter_limits(body, 0, path=resume.COMPLETIONS_PATH)["max_tokens"] <= 1:
+        return first
+    if max_model_len is not None and len(first.prompt_token_ids) + 1 >= max_model_len:
         return first
     return replace(first, finish_reason=None)
 

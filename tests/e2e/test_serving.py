@@ -120,6 +120,15 @@ def test_a_streamed_completion_starts_with_the_prefill_engines_token_and_matches
     assert one == local_one and one[1]["completion_tokens"] == 1
 
 
+def test_a_prompt_one_token_short_of_the_context_ends_at_the_prefill_engines_token_as_on_one_engine(stack: Stack) -> None:
+    """The demo's context is 2,048 tokens: a prompt of 2,047 leaves room for one, which the prefill engine computes;
+    one engine alone ends there ("length"), and so must PD, not ask a decode engine to go on past the context."""
+    prompt = [300 + index % 1000 for index in range(2047)]
+    pd, local = stream_greedy(stack, prompt, max_tokens=4), stream_greedy(stack, prompt, max_tokens=4,
+                                                                          headers={"X-PD-Mode": "local"})
+    assert pd == local and pd[1]["completion_tokens"] == 1
+
+
 def stream_greedy(stack: Stack, prompt: str | list[int], *, max_tokens: int = 16,
                   headers: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
     """The streamed text and the usage event of a greedy completion."""

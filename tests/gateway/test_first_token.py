@@ -96,6 +96,22 @@ async def test_a_one_token_reply_comes_from_the_prefill_engine_alone_and_its_han
     assert release["model"] == RELEASE_MODEL
 
 
+async def test_a_prompt_one_token_short_of_the_context_ends_at_the_prefill_engines_token() -> None:
+    """The fake's context is 2,048 tokens (its card): 2,047 leave room for the prefill engine's token only,
+    where one vLLM engine caps max_tokens and ends ("length"); a decode engine would refuse the 2,048."""
+    prefill, decode = engines()
+    async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05) as base:
+        status, payload = await post(await settled(base), streamed(list(range(2047))))
+        for _ in range(100):
+            if decode.bodies:
+                break
+            await asyncio.sleep(0.02)
+    assert status == 200 and payload.endswith(b"data: [DONE]\n\n")
+    (answer,) = events(payload)
+    assert answer["choices"][0] | {"text": WORDS[0], "finish_reason": "length"} == answer["choices"][0]
+    assert [body["model"] for body in decode.bodies] == [RELEASE_MODEL]  # no decode leg: the handoff given back
+
+
 async def test_the_decode_engine_computes_the_first_token_where_the_prefill_engine_did_not_compute_the_whole_prompt() -> None:
     prefill, decode = engines()
     prefill.prefill_stops_short = 1  # a hybrid model's prefill engine leaves the last prompt token to decode

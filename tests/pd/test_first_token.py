@@ -40,8 +40,15 @@ def test_chat_and_whole_replies_do_not_qualify() -> None:
                                                      ({"max_tokens": 1}, "length")])
 def test_the_prefill_legs_own_one_token_limit_is_no_finish_unless_the_client_asked_for_one(
         body: dict[str, Any], finish_reason: str | None) -> None:
-    assert first_token.for_client(body, FIRST).finish_reason == finish_reason
-    assert first_token.for_client(body, replace(FIRST, finish_reason="stop")).finish_reason == "stop"  # EOS
+    assert first_token.for_client(body, FIRST, max_model_len=None).finish_reason == finish_reason
+    assert first_token.for_client(body, replace(FIRST, finish_reason="stop"),
+                                  max_model_len=None).finish_reason == "stop"  # EOS
+
+
+def test_a_prompt_leaving_room_for_one_token_only_ends_at_the_prefill_engines_token() -> None:
+    """FIRST's prompt is 3 tokens: a context of 4 holds the prompt and that one token, as vLLM caps max_tokens."""
+    assert first_token.for_client({"max_tokens": 5}, FIRST, max_model_len=4).finish_reason == "length"
+    assert first_token.for_client({"max_tokens": 5}, FIRST, max_model_len=5).finish_reason is None
 
 
 def test_the_decode_engines_usage_counts_the_first_token_as_output() -> None:
