@@ -195,8 +195,7 @@ class Gateway:
         if not self.readiness.report(self.pool)[0]:
             raise NotReady()
         assert self._model_cards is not None, "lifespan not started"
-        urls = [endpoint.url for role in (Role.DECODE, Role.PREFILL) for endpoint in self.pool.healthy(role)]
-        card = await self._model_cards.card(urls)
+        card = await self._model_cards.card(self.pool)
         return Response(json.dumps({"object": "list", "data": [card]}), media_type=JSON)
 
     async def health(self, request: Request) -> Response:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
@@ -48,15 +47,15 @@ class ModelCards:
         """Fetch the engines' card once an engine is healthy: a reply whose prompt fills the context
         ends at the prefill engine's token (pd/first_token.py), which needs its length."""
         while self._card is None:
-            await self.card([endpoint.url for role in (Role.DECODE, Role.PREFILL) for endpoint in pool.healthy(role)])
+            await self.card(pool)
             if self._card is None:
                 await asyncio.sleep(interval_s)
 
-    async def card(self, engine_urls: Sequence[str]) -> dict[str, Any]:
-        """The engines' card (asking ``engine_urls`` in turn until one answers), else the config's."""
+    async def card(self, pool: Pool) -> dict[str, Any]:
+        """The engines' card (asking the healthy engines in turn, decode first, until one answers), else the config's."""
         if self._card is None:
             async with self._lock:  # many clients at start-up: one fetch
-                for url in engine_urls:
+                for url in [endpoint.url for role in (Role.DECODE, Role.PREFILL) for endpoint in pool.healthy(role)]:
                     if self._card is not None:
                         break
                     self._card = await self._fetch(url)
