@@ -146,6 +146,13 @@ def overhead(
     upstreams: Annotated[int | None, typer.Option(help=(
         "Synthetic engine processes, each on its own port (default: one per 512 streams of the largest "
         "count, on at most a quarter of the cores)."), min=1)] = None,
+    gateways: Annotated[int, typer.Option(help=(
+        "Separate gateways, each on its own port; the streams go round-robin over them, as through a load "
+        "balancer."), min=1)] = 1,
+    cores_per_gateway: Annotated[int | None, typer.Option(help=(
+        "Each gateway on this many cores of its own, as if on a host of its own (its workers default to one "
+        "per core); the load generator and synthetic engines on the rest (default: all share every core)."),
+        min=1)] = None,
     log_dir: Annotated[Path, typer.Option(help="Logs of the upstream and gateway processes.")] = Path(
         ".pdserve/bench-overhead"),
 ) -> None:
@@ -156,19 +163,25 @@ def overhead(
     The last line printed is one JSON object: per point ttft_p50_added_ms, itl_p99_added_ms,
     throughput_ratio, gateway_cpu_us_per_chunk, cores busy; and knee_streams.
     """
+    from pdserve.bench.hosts import Hosts
     from pdserve.bench.load_processes import default_load_processes
     from pdserve.bench.overhead import OverheadPlan, default_upstreams, knee_streams, measure_sweep, saturated
 
     levels = _checked(lambda: _stream_levels(streams))
-    cores = len(os.sched_getaffinity(0))
+    hosts = None if cores_per_gateway is None else _checked(lambda: Hosts.split(
+        sorted(os.sched_getaffinity(0)), gateways=gateways, cores_per_gateway=cores_per_gateway))
+    cores = len(hosts.rest) if hosts else len(os.sched_getaffinity(0))  # what the other parts run on
     plan = OverheadPlan(output_tokens=output_tokens, tokens_per_s=tokens_per_s, ttft_s=ttft_ms / 1000,
                         duration_s=duration, rounds=rounds, gateway_workers=gateway_workers,
                         load_processes=load_processes or default_load_processes(max(levels), cores=cores),
-                        upstreams=upstreams or default_upstreams(max(levels), cores=cores))
+                        upstreams=upstreams or default_upstreams(max(levels), cores=cores), gateways=gateways,
+                        hosts=hosts)
+    placement = (f"all sharing {cores} cores" if hosts is None else
+                 f"each gateway on {cores_per_gateway} core(s) of its own, the rest on {cores}")
     _say(f"{','.join(map(str, levels))} streams x {output_tokens} tokens at {tokens_per_s:g} tok/s, TTFT {ttft_ms:g} ms; "
-         f"{duration:g} s steady per path in {rounds} rounds, {repeats} run(s) per point; {cores} cores: "
-         f"{plan.load_processes} load process(es), {plan.upstreams} synthetic engine(s), "
-         f"gateway workers {gateway_workers or 'default'}")
+         f"{duration:g} s steady per path in {rounds} rounds, {repeats} run(s) per point; "
+         f"{plan.load_processes} load process(es), {plan.upstreams} synthetic engine(s), {gateways} gateway(s) of "
+         f"{gateway_workers or 'default'} workers; {placement}")
     results = _run(measure_sweep(levels, plan, repeats=repeats, log_dir=log_dir, progress=_say))
     _say("")
     for result in results:

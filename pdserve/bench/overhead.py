@@ -25,6 +25,7 @@ import psutil
 
 from pdserve.bench import runner
 from pdserve.bench.cpu import CpuMeter, CpuUse, cpu_use, per_item_us, summed, with_descendants
+from pdserve.bench.hosts import Hosts, confined
 from pdserve.bench.load_processes import LoadProcesses
 from pdserve.bench.prompts import WordPrompts
 from pdserve.bench.records import RequestRecord
@@ -54,6 +55,8 @@ class OverheadPlan:
     gateway_workers: int | None = None  # None: the gateway's default (the cores available)
     load_processes: int = 1  # the load generator's processes, each with a share of the streams
     upstreams: int = 1  # synthetic engine processes, each its own port; the gateway sees them as a pool
+    gateways: int = 1  # separate gateways, each its own port; the streams go round-robin over them
+    hosts: Hosts | None = None  # each gateway on cores of its own and the other parts on the rest; None: shared
 
     @property
     def stream_lifetime_s(self) -> float:
@@ -165,28 +168,29 @@ def saturated(result: OverheadResult, *, busy_cores: float = 0.9) -> list[str]:
 async def measure_sweep(
     levels: Sequence[int], plan: OverheadPlan, *, repeats: int, log_dir: Path, progress: Callable[[str], None],
 ) -> list[OverheadResult]:
-    """Stand up upstreams, gateway and load processes once, run ``plan`` at each stream count ``repeats`` times."""
+    """Stand up upstreams, gateways and load processes once, run ``plan`` at each stream count ``repeats`` times."""
     results: list[OverheadResult] = []
     requests = synthetic(
         64, model=DEMO_MODEL_NAME, input_tokens=Lengths(_PROMPT_TOKENS, _PROMPT_TOKENS),
         output_tokens=Lengths(plan.output_tokens, plan.output_tokens), prompts=WordPrompts(), seed=0,
     )
-    async with (
-        _upstreams_and_gateway(plan, log_dir=log_dir) as (direct, gateway, services),
-        LoadProcesses(plan.load_processes, requests) as load,
-    ):
-        meter = CpuMeter({**services, "loadgen": [psutil.Process(), *load.processes]})
-        warm_up = dataclasses.replace(plan, streams=min(levels))
-        for target in (direct, gateway):  # connections and code paths warm, then measure
-            await _window(load, target, plan=warm_up, steady_s=_WARM_UP_S, meter=meter)
-        for streams in levels:
-            for repeat in range(repeats):
-                progress(f"{streams} streams, run {repeat + 1}/{repeats}")
-                point = dataclasses.replace(plan, streams=streams)
-                results.append(await _measure_point(load, direct, gateway, plan=point, meter=meter,
-                                                    progress=progress, log_dir=log_dir))
-                progress("  " + results[-1].verdict())
-                progress("  " + results[-1].cpu_line())
+    with confined(plan.hosts.rest if plan.hosts else None):  # the processes started in here inherit it
+        async with (
+            _upstreams_and_gateways(plan, log_dir=log_dir) as (direct, gateway, services),
+            LoadProcesses(plan.load_processes, requests) as load,
+        ):
+            meter = CpuMeter({**services, "loadgen": [psutil.Process(), *load.processes]})
+            warm_up = dataclasses.replace(plan, streams=min(levels))
+            for target in (direct, gateway):  # connections and code paths warm, then measure
+                await _window(load, target, plan=warm_up, steady_s=_WARM_UP_S, meter=meter)
+            for streams in levels:
+                for repeat in range(repeats):
+                    progress(f"{streams} streams, run {repeat + 1}/{repeats}")
+                    point = dataclasses.replace(plan, streams=streams)
+                    results.append(await _measure_point(load, direct, gateway, plan=point, meter=meter,
+                                                        progress=progress, log_dir=log_dir))
+                    progress("  " + results[-1].verdict())
+                    progress("  " + results[-1].cpu_line())
     return results
 
 
@@ -268,25 +272,30 @@ async def _cpu_between(meter: CpuMeter, *, start_s: float, end_s: float) -> dict
 
 
 @contextlib.asynccontextmanager
-async def _upstreams_and_gateway(
+async def _upstreams_and_gateways(
     plan: OverheadPlan, *, log_dir: Path
 ) -> AsyncIterator[tuple[runner.Target, runner.Target, dict[str, list[psutil.Process]]]]:
-    """``plan.upstreams`` synthetic engines and the gateway over them; yields the direct and gateway
-    targets and each part's processes (the gateway with its workers)."""
+    """``plan.upstreams`` synthetic engines and ``plan.gateways`` gateways over them, each on its
+    own cores where ``plan.hosts`` says; yields the direct and gateway targets and each part's
+    processes (every gateway with its workers)."""
     pdserve = [sys.executable, "-m", "pdserve"]
     pace = ["--ttft-ms", str(plan.ttft_s * 1000), "--tokens-per-s", str(plan.tokens_per_s)]
+    workers = [] if plan.gateway_workers is None else ["--workers", str(plan.gateway_workers)]
     async with contextlib.AsyncExitStack() as stack:
         upstreams = await stack.enter_async_context(synthetic_engines(plan.upstreams, log_dir=log_dir, flags=pace))
         upstream_urls = [url for url, _ in upstreams]
-        gateway_url = f"http://127.0.0.1:{free_port()}"
-        gateway_argv = [*pdserve, "serve", "--port", gateway_url.rsplit(":", 1)[1], *serve_flags(upstream_urls)]
-        if plan.gateway_workers is not None:
-            gateway_argv += ["--workers", str(plan.gateway_workers)]
-        gateway = await stack.enter_async_context(child_service(
-            gateway_argv, ready_url=f"{gateway_url}/health", log_path=log_dir / "gateway.log"))
-        services = {"gateway": with_descendants(psutil.Process(gateway.pid)),
+        gateway_urls, gateway_processes = [], []
+        for index in range(plan.gateways):
+            port = free_port()
+            gateway_urls.append(f"http://127.0.0.1:{port}")
+            gateway = await stack.enter_async_context(child_service(
+                [*pdserve, "serve", "--port", str(port), *serve_flags(upstream_urls), *workers],
+                ready_url=f"{gateway_urls[-1]}/health", log_path=log_dir / f"gateway-{index}.log",
+                cores=plan.hosts.gateways[index] if plan.hosts else ()))
+            gateway_processes += with_descendants(psutil.Process(gateway.pid))
+        services = {"gateway": gateway_processes,
                     "upstream": [psutil.Process(process.pid) for _, process in upstreams]}
-        yield runner.Target("direct", tuple(upstream_urls)), runner.Target("gateway", (gateway_url,)), services
+        yield runner.Target("direct", tuple(upstream_urls)), runner.Target("gateway", tuple(gateway_urls)), services
 
 
 def _rounded(value: float | None) -> float | None:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import os
 import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from pathlib import Path
 
 import aiohttp
@@ -30,9 +32,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 @contextlib.asynccontextmanager
 async def child_service(
-    argv: Sequence[str], *, ready_url: str, log_path: Path, ready_timeout_s: float = 60.0
+    argv: Sequence[str], *, ready_url: str, log_path: Path, ready_timeout_s: float = 60.0,
+    cores: Collection[int] = (),
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     """Run ``argv`` for the block, once ``ready_url`` answers 200; its output goes to ``log_path``.
+    With ``cores``, it and every process it starts run only on them.
 
     Raises BenchFailed, quoting the log, when it exits or is not ready in ``ready_timeout_s``.
     The process is terminated (then killed after 10 s) however the block ends.
@@ -41,7 +45,7 @@ async def child_service(
     with log_path.open("wb") as log:
         process = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=functools.partial(os.sched_setaffinity, 0, cores) if cores else None,
         )
         try:
             await _wait_ready(process, ready_url, timeout_s=ready_timeout_s, log_path=log_path)

@@ -7,7 +7,7 @@ It speaks the two PD legs like vLLM 0.26 with the NixlConnector: a non-streamed 
 ``do_remote_prefill`` is a decode leg (its first token comes ``handoff_s`` later); anything else is a whole
 request (first token after ``ttft_s``). Its ``/metrics`` says its KV block size, as vLLM's
 ``vllm:cache_config_info`` does, which the gateway needs to hand a decode engine the prefill engine's token
-(pd/first_token.py). Token i's text is ``token_text(i)`` and its id ``TOKEN_ID_BASE + i``, and a decode leg
+(pd/first_token.py), and its ``/v1/models`` card the context length, as vLLM's does. Token i's text is ``token_text(i)`` and its id ``TOKEN_ID_BASE + i``, and a decode leg
 whose prompt ends in such an id continues after it, so tests can check a relay kept every byte.
 
 Bare asyncio protocol + httptools, tokens sent from timer callbacks: tens of microseconds per
@@ -36,6 +36,11 @@ TOKEN_ID_BASE = 1_000_000  # above any vocabulary: a prompt id this high is a to
 _PROMPT_ID_BASE = 100  # a text prompt's stand-in ids, one per word (frames.prompt_tokens)
 # vLLM's cache_config_info gauge (v1/metrics/loggers.py, log_metrics_info), cut to the labels the gateway reads
 _METRICS = (b'vllm:cache_config_info{block_size="%d",num_gpu_blocks="65536"} 1.0\n' % _BLOCK_TOKENS)
+# vLLM's /v1/models reply (entrypoints/openai/serving_models.py, ModelCard), with a context few prompts fill
+_MAX_MODEL_LEN = 131_072
+_MODELS = json.dumps({"object": "list", "data": [{
+    "id": "synthetic", "object": "model", "created": 0, "owned_by": "vllm", "root": "synthetic", "parent": None,
+    "max_model_len": _MAX_MODEL_LEN, "permission": []}]}).encode()
 _SSE_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
              b"transfer-encoding: chunked\r\n\r\n")
 _CHAT_PATH = b"/v1/chat/completions"
@@ -151,6 +156,8 @@ class _Connection(asyncio.Protocol):
             self._send_json(200, b"")
         elif self._parser.get_method() == b"GET" and path == b"/metrics":
             self._send(200, b"text/plain; version=0.0.4", _METRICS)
+        elif self._parser.get_method() == b"GET" and path == b"/v1/models":
+            self._send_json(200, _MODELS)
         elif path in _PATHS:
             self._complete(is_chat=path == _CHAT_PATH, raw=raw)
         else:

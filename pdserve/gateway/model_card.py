@@ -31,6 +31,7 @@ class ModelCards:
         self._served_name = settings.model.served_name
         self._fallback = config_card(settings)
         self._card: dict[str, Any] | None = None
+        self._without_card: set[str] = set()  # engines that failed to give one: said once each
         self._lock = asyncio.Lock()
 
     @property
@@ -70,7 +71,10 @@ class ModelCards:
                 reply.raise_for_status()
                 listing = json.loads(await reply.read())
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            log.info("engine %s gave no model card (%r); /v1/models lists the configured one meanwhile", url, exc)
+            if url not in self._without_card:
+                self._without_card.add(url)
+                log.info("engine %s gave no model card (%r); /v1/models lists the configured one meanwhile", url,
+                         exc)
             return None
         return pick_card(listing, self._served_name)
 

@@ -15,6 +15,7 @@ from pdserve.bench import runner
 from pdserve.bench.records import RequestRecord
 from pdserve.bench.upstream import TOKEN_ID_BASE, Pace, Upstream, reply_text, serving_upstream, token_text
 from pdserve.bench.workload import CHAT, COMPLETIONS, BenchRequest
+from pdserve.gateway.model_card import pick_card
 from pdserve.routing.load import parse_engine_load
 
 PACE = Pace(ttft_s=0.05, tokens_per_s=200.0, handoff_s=0.0)
@@ -89,6 +90,14 @@ async def test_metrics_give_the_block_size_the_gateway_reads(upstream: Upstream)
     async with aiohttp.ClientSession() as session, session.get(upstream.url + "/metrics") as reply:
         text = await reply.text()
     assert reply.status == 200 and parse_engine_load(text, read_s=0.0).block_size == 16
+
+
+async def test_models_give_a_vllm_card_with_the_context_length(upstream: Upstream) -> None:
+    async with aiohttp.ClientSession() as session, session.get(upstream.url + "/v1/models") as reply:
+        listing = await reply.json()
+    card = pick_card(listing, "served")
+    assert reply.status == 200 and card is not None
+    assert card["id"] == "served" and card["owned_by"] == "vllm" and card["max_model_len"] > 4096
 
 
 async def test_decode_leg_skips_the_prefill_time(upstream: Upstream) -> None:

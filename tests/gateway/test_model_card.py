@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import aiohttp
+import pytest
 
 from pdserve.config import parse_settings
 from pdserve.gateway.model_card import config_card, pick_card
@@ -35,6 +37,17 @@ async def test_models_falls_back_to_the_configured_model_until_an_engine_lists_o
         (later,) = (await get_models(base))["data"]
     assert card["id"] == MODEL and card["root"] == "/tmp/demo-model" and card["max_model_len"] == 2048
     assert later["root"] == "/later", "a failed fetch is not cached"
+
+
+async def test_an_engine_without_a_card_is_said_once_while_the_gateway_keeps_asking(
+        caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeEngine(model_card=None)
+    with caplog.at_level(logging.INFO, logger="pdserve.gateway.model_card"):
+        async with ready_gateway_over(fake) as base:
+            for _ in range(3):
+                await get_models(base)
+    assert fake.models_requests >= 3
+    assert sum("gave no model card" in record.getMessage() for record in caplog.records) == 1
 
 
 def test_pick_card_takes_the_served_models_card_and_names_it_as_clients_do() -> None:
