@@ -58,6 +58,9 @@ class OverheadPlan:
     gateways: int = 1  # separate gateways, each its own port; the streams go round-robin over them
     hosts: Hosts | None = None  # each gateway on cores of its own and the other parts on the rest; None: shared
 
+    def __post_init__(self) -> None:
+        assert self.hosts is None or len(self.hosts.gateways) == self.gateways, "one core set per gateway"
+
     @property
     def stream_lifetime_s(self) -> float:
         return self.ttft_s + (self.output_tokens - 1) / self.tokens_per_s
