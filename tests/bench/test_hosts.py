@@ -9,6 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from pdserve.bench.cpu import with_descendants
 from pdserve.bench.hosts import Hosts, confined
 from pdserve.bench.overhead import OverheadPlan, measure_sweep
 from pdserve.errors import ConfigError
@@ -37,11 +38,14 @@ def test_confined_gives_the_cores_back() -> None:
 
 
 def _placement() -> dict[str, set[int]]:
-    """The cores each kind of process under this one may run on now."""
+    """The cores each kind of process under this one may run on now: a gateway (``pdserve serve``)
+    with its workers, and the rest."""
+    children = psutil.Process().children(recursive=True)
+    gateways = [process for process in children if "serve" in process.cmdline()]
+    in_gateway = {process.pid for gateway in gateways for process in with_descendants(gateway)}
     cores: dict[str, set[int]] = {"gateway": set(), "other": set()}
-    for process in psutil.Process().children(recursive=True):
-        with_gateway = any(part == "serve" for part in process.cmdline())
-        cores["gateway" if with_gateway else "other"].update(process.cpu_affinity())
+    for process in children:
+        cores["gateway" if process.pid in in_gateway else "other"].update(process.cpu_affinity())
     return cores
 
 
