@@ -7,8 +7,9 @@ It speaks the two PD legs like vLLM 0.26 with the NixlConnector: a non-streamed 
 ``do_remote_prefill`` is a decode leg (its first token comes ``handoff_s`` later); anything else is a whole
 request (first token after ``ttft_s``). Its ``/metrics`` says its KV block size, as vLLM's
 ``vllm:cache_config_info`` does, which the gateway needs to hand a decode engine the prefill engine's token
-(pd/first_token.py), and its ``/v1/models`` card the context length, as vLLM's does. Token i's text is ``token_text(i)`` and its id ``TOKEN_ID_BASE + i``, and a decode leg
-whose prompt ends in such an id continues after it, so tests can check a relay kept every byte.
+(pd/first_token.py), and its ``/v1/models`` card the context length, as vLLM's does. Token i's text is
+``token_text(i)`` and its id ``TOKEN_ID_BASE + i``, and a decode leg whose prompt ends in such an id continues
+after it, so tests can check a relay kept every byte.
 
 Bare asyncio protocol + httptools, tokens sent from timer callbacks: tens of microseconds per
 request and per token, so that on a small machine it never competes with what it measures.

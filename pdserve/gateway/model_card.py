@@ -53,7 +53,8 @@ class ModelCards:
                 await asyncio.sleep(interval_s)
 
     async def card(self, pool: Pool) -> dict[str, Any]:
-        """The engines' card (asking the healthy engines in turn, decode first, until one answers), else the config's."""
+        """The engines' card (asking the healthy engines in turn, decode first, until one answers),
+        else the config's."""
         if self._card is None:
             async with self._lock:  # many clients at start-up: one fetch
                 for url in [endpoint.url for role in (Role.DECODE, Role.PREFILL) for endpoint in pool.healthy(role)]:
