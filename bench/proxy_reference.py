@@ -71,7 +71,7 @@ http {{
 
 async def main(args: argparse.Namespace) -> None:
     levels = [int(value) for value in args.streams.split(",")]
-    requests = synthetic(64, model="pdserve-demo", input_tokens=Lengths(64, 64), output_tokens=Lengths(256, 256),
+    requests = synthetic(64, model="pdserve-demo", input_tokens=Lengths(64, 64), output_tokens=Lengths(args.output_tokens, args.output_tokens),
                          prompts=WordPrompts(), seed=0)
     plan = OverheadPlan(duration_s=args.duration, rounds=args.rounds)
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}; nginx and pdserve with {args.workers} "
@@ -140,6 +140,7 @@ if __name__ == "__main__":
     parser.add_argument("--duration", type=float, default=10.0, help="steady seconds per path and stream count")
     parser.add_argument("--load-processes", type=int, default=1, help="load generator processes")
     parser.add_argument("--upstreams", type=int, default=1, help="synthetic engine processes")
+    parser.add_argument("--output-tokens", type=int, default=256, help="tokens per reply: fewer weighs each request's own cost more per chunk")
     parser.add_argument("--nginx", default=None, help="the nginx binary (default: on PATH, else /usr/sbin/nginx)")
     parser.add_argument("--logs", type=Path, default=Path(".pdserve/proxy-reference"))
     asyncio.run(main(parser.parse_args()))

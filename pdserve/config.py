@@ -163,6 +163,10 @@ class GatewaySpec(_Frozen):
     first_token_from_prefill: bool = Field(True, description=(
         "a streamed completion gets the prefill engine's token as its first token at once, and the decode "
         "engine continues from it (attention-only models; pd/first_token.py says which requests)"))
+    native_relay: bool = Field(True, description=(
+        "after its first token, a stream's chunks go from the engine's socket to the client's in a C thread "
+        "(pd/native_relay.py), not through the event loop: about half the gateway's CPU per chunk; "
+        "false, or an install without the compiled module: every chunk in Python"))
     resume_streams: bool = Field(True, description=(
         "a stream whose decode engine fails mid-generation goes on from another decode engine "
         "(not for seeded sampling, guided decoding or tool calls: those end with an error event)"))

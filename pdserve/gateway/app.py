@@ -29,7 +29,7 @@ from pdserve.engines.members import MembersFolder
 from pdserve.errors import BadRequest, NotReady, PdserveError
 from pdserve.gateway import dashboard, readiness, tracing
 from pdserve.gateway.admission import Admission
-from pdserve.gateway.call import Call, Reply, WriteNow
+from pdserve.gateway.call import Call, Reply
 from pdserve.gateway.client_errors import ClientError, client_error
 from pdserve.gateway.disconnect import ClientDisconnected, DisconnectGuard
 from pdserve.gateway.engine_rows import engine_rows, rows_json, with_leg_counts
@@ -42,10 +42,12 @@ from pdserve.gateway.recent import RecentRequests
 from pdserve.gateway.request_input import check_header_size, header_map, parse_mode, read_body, request_id
 from pdserve.gateway.scaling import MAX_BODY_BYTES, wanted_pools
 from pdserve.gateway.workers import Worker
+from pdserve.pd import native_relay
 from pdserve.pd.engine_http import EngineClient
 from pdserve.protocol import ChatRequest, CompletionRequest, error_body, parse_json_object, validate_request
 from pdserve.role import Role
 from pdserve.routing import health
+from pdserve.routing.decision import Mode
 from pdserve.routing.pool import Pool
 from pdserve.routing.router import Router
 from pdserve.routing.sources import EndpointSource, FixedEndpoints, LaunchedEngines
@@ -94,10 +96,11 @@ class Gateway:
             monitor = KVMonitor(spec=spec, handoffs=handoffs, collector=self.metrics.engine_kv,
                                 load_interval_s=self.settings.routing.load_scrape_interval_s)
             cards = self._model_cards
+            native = native_relay.start(self.metrics.modes[Mode.PD.value].itl.bounds_s, enabled=spec.native_relay)
             self._orchestrator = Orchestrator(
                 client=client, pool=self.pool, admission=self.admission, router=self.router, spec=spec,
                 connector=self.settings.kv.connector, metrics=self.metrics, handoffs=handoffs, recent=self.recent,
-                max_model_len=lambda: cards.max_model_len,
+                max_model_len=lambda: cards.max_model_len, native=native,
             )
             watchers = [
                 asyncio.create_task(self.source.follow(self.pool)),
@@ -118,6 +121,8 @@ class Gateway:
                 await asyncio.gather(*watchers, return_exceptions=True)
                 await self._orchestrator.close()
                 client.close()
+                if native is not None:
+                    native.close()
                 await asyncio.to_thread(self._tracing.shutdown)  # exports what is queued
 
     def _engine_watchers(self, session: aiohttp.ClientSession, monitor: KVMonitor) -> list[asyncio.Task[None]]:
@@ -381,26 +386,37 @@ async def _send_reply(send: Send, reply: Reply, *, request_id: str, transport: a
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), *extra]})
     message = {"type": "http.response.body", "body": b"", "more_body": True}  # one dict for every chunk
-    write_now = None if transport is None else _chunk_writer(transport)
-    async for chunk in reply.stream(write_now):
-        if write_now is None or not write_now(chunk):
+    client = None if transport is None else ClientTransport(transport)
+    async for chunk in reply.stream(client):
+        if client is None or not client.write_now(chunk):
             message["body"] = chunk
             await send(message)
     await send({"type": "http.response.body", "body": b""})
 
 
-def _chunk_writer(transport: asyncio.WriteTransport) -> WriteNow:
-    """Writes one chunk of the chunked body to ``transport`` unless bytes wait in its buffer (an
-    empty chunk goes through ``send``: written here, it would read as the body's end)."""
-    get_buffer_size, is_closing, write = transport.get_write_buffer_size, transport.is_closing, transport.write
+class ClientTransport:
+    """The client connection's transport as the relay writes to it: chunks of the chunked body at
+    once, unless bytes wait in its buffer (an empty chunk goes through ``send``: written here, it
+    would read as the body's end)."""
 
-    def write_now(chunk: bytes) -> bool:
-        if not chunk or get_buffer_size() or is_closing():
+    def __init__(self, transport: asyncio.WriteTransport) -> None:
+        self._transport = transport
+        self._buffered, self._is_closing, self._write = transport.get_write_buffer_size, transport.is_closing, transport.write
+
+    def write_now(self, chunk: bytes) -> bool:
+        if not chunk or self._buffered() or self._is_closing():
             return False
-        write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        self._write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
         return True
 
-    return write_now
+    def write_framed(self, data: bytes) -> None:
+        self._write(data)
+
+    @property
+    def idle_fd(self) -> int | None:
+        if self._buffered() or self._is_closing():
+            return None
+        return int(self._transport.get_extra_info("socket").fileno())
 
 
 async def _send_whole(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pdserve.config import GatewaySpec
 from pdserve.gateway.tracing import NO_TRACE, RequestTrace
@@ -33,21 +33,31 @@ class Call:
         return max(self.arrived_s + spec.request_timeout_s - time.perf_counter(), 0.0)
 
 
-WriteNow = Callable[[bytes], bool]
-"""Writes one chunk of a stream to the client at once, if nothing waits ahead of it in the client's
-buffer; otherwise writes nothing and returns False (the chunk then goes the awaited way)."""
+class ClientSocket(Protocol):
+    """The client's connection, where the server offers it (gateway/app.py's ClientTransport)."""
+
+    def write_now(self, chunk: bytes) -> bool:
+        """Write one chunk of the stream at once, if nothing waits ahead of it in the client's buffer;
+        otherwise write nothing and return False (the chunk then goes the awaited way)."""
+
+    def write_framed(self, data: bytes) -> None:
+        """Queue bytes already framed as the chunked body (what the relay thread could not send)."""
+
+    @property
+    def idle_fd(self) -> int | None:
+        """The socket's descriptor while nothing waits in its buffer (the relay thread may write to it), else None."""
 
 
 @dataclass(frozen=True, slots=True)
 class Reply:
     """Either a whole JSON body or a stream of SSE bytes (exactly one is set).
 
-    ``stream(write_now)`` yields the chunks the server is to send; given ``write_now``, it hands
-    it the chunks that can be written at once instead, as they arrive, and yields only the others.
+    ``stream(client)`` yields the chunks the server is to send; given the ``client`` socket, it
+    writes there the chunks that can be written at once instead, as they arrive, and yields only the others.
     ``close`` must be called once the stream is done or abandoned: a stream that was never
     iterated (client gone before the first byte) cannot clean up after itself.
     """
 
     json_body: bytes | None = None
-    stream: Callable[[WriteNow | None], AsyncIterator[bytes]] | None = None
+    stream: Callable[[ClientSocket | None], AsyncIterator[bytes]] | None = None
     close: Callable[[], None] = lambda: None

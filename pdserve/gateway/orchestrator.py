@@ -37,6 +37,7 @@ from pdserve.pd import decode, first_token, prefill
 from pdserve.pd.engine_http import EngineClient, EngineReply
 from pdserve.pd.first_token import FirstToken
 from pdserve.pd.kv import KVTransferParams
+from pdserve.pd.native_relay import NativeRelay
 from pdserve.role import Role
 from pdserve.routing import breaker
 from pdserve.routing.decision import Mode
@@ -54,10 +55,12 @@ class Orchestrator:
         self, *, client: EngineClient, pool: Pool, admission: Admission, router: Router,
         spec: GatewaySpec, connector: str, metrics: GatewayMetrics, handoffs: Handoffs,
         recent: RecentRequests | None = None, max_model_len: Callable[[], int | None] = lambda: None,
+        native: NativeRelay | None = None,
     ) -> None:
-        """``max_model_len``: the engines' context length, once known (gateway/model_card.py)."""
+        """``max_model_len``: the engines' context length, once known (gateway/model_card.py).
+        ``native``: the relay thread streams go to after their first token (pd/native_relay.py), if any."""
         self._client, self._pool, self._admission, self._router = client, pool, admission, router
-        self._max_model_len = max_model_len
+        self._max_model_len, self._native = max_model_len, native
         self._spec, self._connector, self._metrics, self._handoffs = spec, connector, metrics, handoffs
         self._releases: set[asyncio.Task[None]] = set()  # handoffs being given back (owned: see close)
         self.recent = RecentRequests() if recent is None else recent  # what the live page lists
@@ -112,7 +115,7 @@ class Orchestrator:
         relay = Relay(call, leg, mode=Mode.PD if kv is not None else Mode.LOCAL, prefill_done_s=prefill_done_s, kv=kv,
                       lead=lead, reopen=lambda body: self._open_decode(call, body, tried, decode_policy, over_cap=True),
                       leg_failed=self.leg_failed, spec=self._spec, metrics=self._metrics, handoffs=self._handoffs,
-                      recent=self.recent)
+                      recent=self.recent, native=self._native)
         if call.is_stream:
             return Reply(stream=relay.stream, close=relay.finish)
         return Reply(json_body=await relay.read_whole())

@@ -1,7 +1,8 @@
 """Relay the decode engine's reply to the client; move it to another decode engine when that fails.
 
-The per-chunk path is here (``Relay.push``, where the server can write at once, else
-``Relay.stream``): one clock read, one histogram count, one append, one write.
+After the first token a stream's chunks go from the engine's socket to the client's in the relay
+thread (pd/native_relay.py, ``Relay._hand_over``), or, without it, here (``Relay.push``, where the
+server can write at once, else ``Relay.stream``): one clock read, one histogram count, one append, one write.
 What happens when an engine fails mid-request is described in orchestrator.py and docs/reliability.md.
 """
 
@@ -17,7 +18,7 @@ from typing import Any, Protocol
 
 from pdserve.config import GatewaySpec
 from pdserve.errors import LegFailed, PdserveError
-from pdserve.gateway.call import Call, WriteNow
+from pdserve.gateway.call import Call, ClientSocket
 from pdserve.gateway.handoffs import Handoffs
 from pdserve.gateway.metrics import GatewayMetrics, ModeMetrics
 from pdserve.gateway.recent import FinishedRequest, RecentRequests, status_of
@@ -26,6 +27,7 @@ from pdserve.pd import first_token, legs, resume
 from pdserve.pd.engine_http import EngineReply, EngineUnreachable
 from pdserve.pd.first_token import Lead
 from pdserve.pd.kv import KVTransferParams
+from pdserve.pd.native_relay import NativeRelay, Ticket
 from pdserve.protocol import SSE_DONE, sse_error_event
 from pdserve.role import Role
 from pdserve.routing.decision import Mode
@@ -74,25 +76,28 @@ class Relay:
         self, call: Call, leg: DecodeLeg | asyncio.Task[DecodeLeg], *, mode: Mode, prefill_done_s: float | None,
         kv: KVTransferParams | None, reopen: Callable[[dict[str, Any]], Awaitable[DecodeLeg]],
         leg_failed: LegFailedHook, spec: GatewaySpec, metrics: GatewayMetrics, handoffs: Handoffs,
-        recent: RecentRequests, lead: Lead | None = None,
+        recent: RecentRequests, lead: Lead | None = None, native: NativeRelay | None = None,
     ) -> None:
         """``lead``: the prefill engine's token, sent before the decode engine's (pd/first_token.py).
-        ``leg``: the decode engine's open reply, or, behind a lead, the task opening it while the lead goes out."""
+        ``leg``: the decode engine's open reply, or, behind a lead, the task opening it while the lead goes out.
+        ``native``: the relay thread that takes the steady part of a stream, or None (every chunk in Python)."""
         self._call, self._reopen, self._leg_failed = call, reopen, leg_failed
         self._leg: DecodeLeg | None = leg if isinstance(leg, DecodeLeg) else None
         self._opening = None if isinstance(leg, DecodeLeg) else leg
         self._lead = lead  # set: the decode engine counts the lead as prompt in its usage event
         self._spec, self._metrics, self._handoffs, self._recent = spec, metrics, handoffs, recent
+        self._native = native
         self._prefill_done_s = prefill_done_s  # None once the stream moved: no KV handoff to time
         self._kv, self._prefill_ms = kv, None if prefill_done_s is None else (prefill_done_s - call.arrived_s) * 1000
         self._mode: ModeMetrics = metrics.modes[mode.value]
         self._sent: list[bytes] = []  # the stream's bytes so far: read back only to resume it
+        self._chunks_in_thread = 0  # chunks the relay thread sent, beyond the one ``_sent`` entry each handback adds
         self._is_finished = False
         # Per-chunk state, shared by the pushed path and the awaited one.
         self._previous_s: float | None = None  # when the last chunk went out
         self._drop_role = False  # a resumed chat stream opens with a role event the client already had
         self._deadline_s = call.arrived_s + spec.request_timeout_s
-        self._write_now: WriteNow | None = None
+        self._client: ClientSocket | None = None
         # For the live page's list (gateway/recent.py) and the log line, filled once per request, never per chunk.
         self._mode_name = mode.value
         self._ttft_s: float | None = None
@@ -120,16 +125,18 @@ class Relay:
         self._mode.ttft.observe(time.perf_counter() - self._call.arrived_s)
         return payload
 
-    async def stream(self, write_now: WriteNow | None = None) -> AsyncIterator[bytes]:
+    async def stream(self, client: ClientSocket | None = None) -> AsyncIterator[bytes]:
         """Pass the engines' SSE bytes through untouched, chunk by chunk, as they arrive; an engine's
         own error event ends its leg as a broken connection does (the stream moves on, if it can).
 
-        With ``write_now``, the chunks after the first go to the client from the engine socket's
-        read (``push``); what it cannot take (a slow client, the first token, an error event, the
-        deadline, a resumed stream's first chunk) comes through here."""
-        self._write_now = write_now
+        With the ``client`` socket, the chunks after the first go to it from the relay thread
+        (``_hand_over``) or from the engine socket's read (``push``); what they cannot take (a slow
+        client, the first token, an error event, the deadline, a resumed stream's first chunk)
+        comes through here."""
+        self._client = client
         observe_gap, sent = self._mode.itl.observe, self._sent
-        push = None if write_now is None else self.push
+        push = None if client is None else self.push
+        hand_over = None if client is None or self._native is None else self._hand_over
         try:
             if self._lead is not None:
                 self._previous_s = time.perf_counter()
@@ -144,7 +151,7 @@ class Relay:
                 try:
                     async for chunk in self._leg.response.chunks(first_timeout_s=self._spec.first_token_timeout_s,
                                                                  idle_timeout_s=self._spec.decode_idle_timeout_s,
-                                                                 push=push):
+                                                                 push=push, hand_over=hand_over):
                         if self._drop_role:
                             chunk, self._drop_role = resume.drop_role_events(chunk), False
                         if ENGINE_ERROR_EVENT in chunk:
@@ -184,16 +191,35 @@ class Relay:
     def push(self, chunk: bytes) -> bool:
         """One chunk straight from the engine's socket to the client's, if nothing but the usual
         per-chunk work is due; False, having done nothing, sends it through ``stream``."""
-        previous_s, write_now = self._previous_s, self._write_now
-        if previous_s is None or write_now is None or self._drop_role or ENGINE_ERROR_EVENT in chunk or (
+        previous_s, client = self._previous_s, self._client
+        if previous_s is None or client is None or self._drop_role or ENGINE_ERROR_EVENT in chunk or (
                 self._prefill_done_s is not None) or (self._lead is not None and first_token.USAGE_MARK in chunk):
             return False
         now_s = time.perf_counter()
-        if now_s > self._deadline_s or not write_now(chunk):
+        if now_s > self._deadline_s or not client.write_now(chunk):
             return False
         self._mode.itl.observe(now_s - previous_s)
         self._previous_s = now_s
         self._sent.append(chunk)
+        return True
+
+    async def _hand_over(self) -> bool:
+        """The stream to the relay thread until it gives it back, where nothing but the usual
+        per-chunk work is due (as for ``push``); True once it did, its chunks accounted for here."""
+        leg, client, previous_s = self._leg, self._client, self._previous_s
+        if (previous_s is None or leg is None or client is None or self._native is None or self._drop_role
+                or self._prefill_done_s is not None or (client_fd := client.idle_fd) is None):
+            return False
+        ticket = Ticket(previous_s=previous_s, deadline_s=self._deadline_s,
+                        idle_timeout_s=self._spec.decode_idle_timeout_s, watch_usage=self._lead is not None)
+        back = await leg.response.relay_natively(self._native, client_fd, ticket)
+        if back.unsent:
+            client.write_framed(back.unsent)
+        if back.reads:
+            self._mode.itl.add(back.gap_counts, back.gap_sum_s)
+            self._previous_s = back.previous_s
+            self._sent.append(back.payload)
+            self._chunks_in_thread += back.reads - 1
         return True
 
     async def _opened(self) -> bytes | None:
@@ -309,7 +335,7 @@ class Relay:
             request_id=self._call.request_id, mode=self._mode_name,
             prefill_url=None if self._kv is None else self._kv.prefill_url,
             decode_url=self._decode_url, ttft_s=self._ttft_s, handoff_s=self._handoff_s, e2e_s=elapsed_s,
-            chunks=len(sent), status=status, finished_unix_s=time.time())
+            chunks=len(sent) + self._chunks_in_thread, status=status, finished_unix_s=time.time())
 
 
 def _close_opened(opening: asyncio.Task[DecodeLeg]) -> None:

@@ -28,6 +28,12 @@ class GapCounts:
         self.counts[bisect_left(self.bounds_s, gap_s)] += 1
         self.sum_s += gap_s
 
+    def add(self, counts: Sequence[int], sum_s: float) -> None:
+        """Gaps counted elsewhere in the same buckets (the relay thread's: pd/native_relay.py)."""
+        for index, count in enumerate(counts):
+            self.counts[index] += count
+        self.sum_s += sum_s
+
     def cumulative(self) -> list[tuple[str, float]]:
         """Prometheus buckets: (le, count of gaps <= le), ending with +Inf."""
         buckets, total = [], 0

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urlsplit
 
 import httptools
+
+from pdserve.pd.native_relay import Ending, Handback, NativeRelay, Ticket
 
 # Pause reading an engine once this much of its reply waits unread (a slow client must not make
 # the gateway buffer a whole generation); resume once the relay has taken it.
@@ -146,7 +148,11 @@ class EngineReply:
         self._buffered_bytes = 0
         self._is_complete = False
         self._is_closed = False
-        self._error: EngineUnreachable | None = None
+        self._error: EngineUnreachable | TimeoutError | None = None
+        # Where the parser stands in a chunked body: the relay thread may take over only between chunks.
+        self.is_chunked = False
+        self.in_chunk = False
+        self.read_ended_line = False  # the last read ended with CRLF: no chunk header is half-parsed
         self._waiter: asyncio.Future[None] | None = None
         # One idle timer per reply, armed only while the reader waits and moved on lazily, rather
         # than an asyncio.timeout per chunk: that was ~9% of the gateway's CPU at 128 streams.
@@ -167,7 +173,7 @@ class EngineReply:
 
     async def chunks(
         self, *, idle_timeout_s: float | None = None, first_timeout_s: float | None = None,
-        push: Callable[[bytes], bool] | None = None,
+        push: Callable[[bytes], bool] | None = None, hand_over: Callable[[], Awaitable[bool]] | None = None,
     ) -> AsyncIterator[bytes]:
         """The body as it arrives: each piece is all that came since the last one (an engine's
         events that reach the gateway together leave it together). Raises EngineUnreachable, or
@@ -178,6 +184,9 @@ class EngineReply:
         ``push``: while this waits, each piece goes to ``push`` first, straight from the socket's
         read, with no task woken; a piece it declines (False) is yielded. That is the relay's
         path per token (gateway/relay.py): a task wake and three generators resumed less per chunk.
+
+        ``hand_over``: awaited before each wait, where the relay thread could take the rest of the
+        reply (``relay_natively``); True once it did and gave the reply back.
         """
         self._idle_timeout_s = idle_timeout_s if first_timeout_s is None else first_timeout_s
         self._last_bytes_s = time.monotonic()
@@ -193,7 +202,7 @@ class EngineReply:
                     self._idle_timeout_s = idle_timeout_s
                 elif self._is_complete:
                     return
-                else:
+                elif hand_over is None or not self.may_hand_over or not await hand_over():
                     await self._wait()
         finally:
             self._idle_timeout_s = None
@@ -209,6 +218,30 @@ class EngineReply:
             return
         self._is_closed = True
         self._connection.finish(reuse=self._is_complete)
+
+    @property
+    def may_hand_over(self) -> bool:
+        """The parser stands between two chunks of a chunked body with nothing of it unread here."""
+        return (self.is_chunked and not self.in_chunk and self.read_ended_line and not self._parts
+                and not self._is_complete and self._error is None and self._connection.is_open)
+
+    async def relay_natively(self, native: NativeRelay, client_fd: int, ticket: Ticket) -> Handback:
+        """The relay thread sends the reply's next chunks straight to ``client_fd``; back at its end or
+        at a chunk for Python (pd/native_relay.py), whose bytes this parser then reads as if they
+        had just arrived. Only where ``may_hand_over``."""
+        connection = self._connection
+        connection.pause_reading()
+        handback = await native.relay(connection.fd, client_fd, ticket)
+        self._last_bytes_s = handback.last_bytes_s
+        connection.feed(handback.leftover)
+        if handback.ending is Ending.ENGINE_LOST:
+            connection.connection_lost(None)  # as the event loop would have said it
+            connection.abort()
+        elif handback.ending is Ending.IDLE:
+            self._error = TimeoutError(f"engine sent nothing for {ticket.idle_timeout_s:.1f} s")
+        else:
+            connection.resume_reading()
+        return handback
 
     async def _wait(self) -> None:
         if self._error is not None:
@@ -322,6 +355,16 @@ class _Connection(asyncio.Protocol):
             self._is_paused = False
             self._transport.resume_reading()
 
+    @property
+    def fd(self) -> int:
+        assert self._transport is not None
+        return int(self._transport.get_extra_info("socket").fileno())
+
+    def feed(self, data: bytes) -> None:
+        """Parse ``data`` as if just read (what the relay thread read and gave back)."""
+        if data:
+            self.data_received(data)
+
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  # uvloop's transports do not subclass it
@@ -333,6 +376,7 @@ class _Connection(asyncio.Protocol):
             return
         reply = self._reply
         reply.has_bytes = True
+        reply.read_ended_line = data.endswith(b"\r\n")
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -358,6 +402,14 @@ class _Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         assert self._reply is not None
         self._reply.on_body(body)
+
+    def on_chunk_header(self) -> None:
+        assert self._reply is not None
+        self._reply.is_chunked = self._reply.in_chunk = True
+
+    def on_chunk_complete(self) -> None:
+        assert self._reply is not None
+        self._reply.in_chunk = False
 
     def on_message_complete(self) -> None:
         assert self._reply is not None

@@ -1,19 +1,24 @@
-"""The relay's two ways out, over real HTTP: a chunk written to the client from the engine socket's
-read (``Relay.push``), or, while the client's buffer holds bytes, through the server's awaited send.
-The client reads one unbroken stream either way."""
+"""The relay's ways out, over real HTTP: after the first token, the relay thread sends the chunks
+(pd/native_relay.py); without it, each chunk is written to the client from the engine socket's
+read (``Relay.push``); while the client's buffer holds bytes, through the server's awaited send.
+The client reads one unbroken stream every way, and the inter-token histogram counts every chunk."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import Counter
 
 import aiohttp
 import pytest
 
 from pdserve.gateway.relay import Relay
+from pdserve.pd.native_relay import Ending, Handback, NativeRelay
 from tests.fake_engine import WORDS, FakeEngine
 from tests.gateway.test_app import MODEL, post
-from tests.gateway.test_faults import gateway_over, text_of
+from tests.gateway.test_faults import gateway_over, metrics_of, text_of
+
+STREAM = {"model": MODEL, "prompt": "hi", "max_tokens": 5, "stream": True}
 
 
 @pytest.fixture
@@ -31,23 +36,63 @@ def pushes(monkeypatch: pytest.MonkeyPatch) -> Counter[bool]:
     return counts
 
 
-async def test_the_chunks_after_the_first_token_are_written_from_the_engines_read(pushes: Counter[bool]) -> None:
+@pytest.fixture
+def handbacks(monkeypatch: pytest.MonkeyPatch) -> list[Handback]:
+    """What the relay thread gave back, stream by stream."""
+    seen: list[Handback] = []
+    relay = NativeRelay.relay
+
+    async def recorded(self: NativeRelay, *args: object, **kwargs: object) -> Handback:
+        handback = await relay(self, *args, **kwargs)  # type: ignore[arg-type]
+        seen.append(handback)
+        return handback
+
+    monkeypatch.setattr(NativeRelay, "relay", recorded)
+    return seen
+
+
+def itl_count(metrics: str) -> int:
+    """Gaps the inter-token histogram counted, every mode."""
+    return sum(int(float(count)) for count in re.findall(r"pdserve_inter_token_latency_seconds_count\{[^}]*\} (\S+)", metrics))
+
+
+async def test_the_relay_thread_sends_the_chunks_after_the_first_token(
+        pushes: Counter[bool], handbacks: list[Handback]) -> None:
     fake = FakeEngine(token_delay_s=0.01)
     async with gateway_over([fake], [fake]) as base:
-        status, payload = await post(base, {"model": MODEL, "prompt": "hi", "max_tokens": 5, "stream": True})
+        status, payload = await post(base, STREAM)
+        metrics = await metrics_of(base)
     assert status == 200 and text_of(payload) == "".join(WORDS) and payload.endswith(b"data: [DONE]\n\n")
-    # The first token goes the awaited way (it is timed as TTFT there), and so may the last, when it
-    # comes in one read with the reply's end; the tokens between come 10 ms apart, each written from its read.
-    assert pushes[True] >= len(WORDS) - 2
+    # The first token goes the awaited way (it is timed as TTFT there); the thread sends the rest
+    # and gives the stream back at the engine's last chunk, which completes the reply.
+    assert not pushes[True] and [handback.ending for handback in handbacks] == [Ending.END]
+    assert handbacks[0].reads >= len(WORDS) - 2 and b"[DONE]" in handbacks[0].payload
+    assert itl_count(metrics) >= len(WORDS) - 1  # the thread's gaps are in the histogram too
 
 
-async def test_a_client_that_stops_reading_gets_every_chunk_in_order_once_it_reads_again(pushes: Counter[bool]) -> None:
+async def test_without_the_thread_the_chunks_after_the_first_token_are_written_from_the_engines_read(
+        pushes: Counter[bool], handbacks: list[Handback]) -> None:
+    fake = FakeEngine(token_delay_s=0.01)
+    async with gateway_over([fake], [fake], native_relay=False) as base:
+        status, payload = await post(base, STREAM)
+    assert status == 200 and text_of(payload) == "".join(WORDS) and payload.endswith(b"data: [DONE]\n\n")
+    # The first token goes the awaited way, and so may the last, when it comes in one read with
+    # the reply's end; the tokens between come 10 ms apart, each written from its read.
+    assert pushes[True] >= len(WORDS) - 2 and not handbacks
+
+
+@pytest.mark.parametrize("native_relay", [True, False])
+async def test_a_client_that_stops_reading_gets_every_chunk_in_order_once_it_reads_again(
+        pushes: Counter[bool], handbacks: list[Handback], native_relay: bool) -> None:
     words = [f" w{index:05d}" + "x" * 300 for index in range(20_000)]  # 6.6 MB: more than the sockets' buffers hold
     fake = FakeEngine(words=words)
-    body = {"model": MODEL, "prompt": "hi", "max_tokens": 5, "stream": True}
-    async with gateway_over([fake], [fake]) as base, aiohttp.ClientSession(read_bufsize=4096) as session, \
-            session.post(base + "/v1/completions", json=body) as reply:
+    async with gateway_over([fake], [fake], native_relay=native_relay) as base, \
+            aiohttp.ClientSession(read_bufsize=4096) as session, \
+            session.post(base + "/v1/completions", json=STREAM) as reply:
         await asyncio.sleep(1.0)  # reads nothing while the engine streams on
         payload = await reply.read()
     assert text_of(payload) == "".join(words) and payload.endswith(b"data: [DONE]\n\n")
-    assert pushes[False] > 0 and pushes[True] > 0  # both ways were taken, and the text is whole and in order
+    if native_relay:  # the thread met the full socket and gave the stream back with what it could not send
+        assert Ending.CLIENT_BLOCKED in {handback.ending for handback in handbacks}
+    else:  # both ways were taken
+        assert pushes[False] > 0 and pushes[True] > 0
