@@ -402,6 +402,7 @@ class ClientTransport:
     def __init__(self, transport: asyncio.WriteTransport) -> None:
         self._transport = transport
         self._buffered, self._is_closing, self._write = transport.get_write_buffer_size, transport.is_closing, transport.write
+        self._is_tls = transport.get_extra_info("sslcontext") is not None  # its socket carries ciphertext only
 
     def write_now(self, chunk: bytes) -> bool:
         if not chunk or self._buffered() or self._is_closing():
@@ -414,7 +415,7 @@ class ClientTransport:
 
     @property
     def idle_fd(self) -> int | None:
-        if self._buffered() or self._is_closing():
+        if self._buffered() or self._is_closing() or self._is_tls:
             return None
         return int(self._transport.get_extra_info("socket").fileno())
 
