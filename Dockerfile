@@ -47,4 +47,6 @@ RUN pip list --format=freeze > /tmp/image-packages.txt \
         || pip install --no-cache-dir --constraint /tmp/image-packages.txt nixl-cu13) \
     && pip install --no-cache-dir --constraint /tmp/image-packages.txt /home/ray/pdserve \
     && rm /tmp/image-packages.txt \
-    && pdserve --help > /dev/null
+    && pdserve --help > /dev/null \
+    && (python -c "import pdserve.pd._chunk_relay" 2>/dev/null \
+        || echo "WARNING: pdserve's C chunk relay was not built (no C compiler?): the gateway relays every chunk in Python")

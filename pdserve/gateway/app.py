@@ -411,7 +411,8 @@ class ClientTransport:
         return True
 
     def write_framed(self, data: bytes) -> None:
-        self._write(data)
+        if not self._is_closing():  # a client gone mid-write: nothing more reaches it
+            self._write(data)
 
     @property
     def idle_fd(self) -> int | None:

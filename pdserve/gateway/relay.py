@@ -213,6 +213,9 @@ class Relay:
         ticket = Ticket(previous_s=previous_s, deadline_s=self._deadline_s,
                         idle_timeout_s=self._spec.decode_idle_timeout_s, watch_usage=self._lead is not None)
         back = await leg.response.relay_natively(self._native, client_fd, ticket)
+        if back is None:  # the thread could not take it: this stream stays in Python
+            self._native = None
+            return False
         if back.unsent:
             client.write_framed(back.unsent)
         if back.reads:

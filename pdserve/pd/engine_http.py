@@ -10,6 +10,7 @@ Control-plane calls (health probes, metrics scrapes) stay on aiohttp: they are o
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import httptools
 
 from pdserve.pd.native_relay import Ending, Handback, NativeRelay, Ticket
 
+log = logging.getLogger(__name__)
 # Pause reading an engine once this much of its reply waits unread (a slow client must not make
 # the gateway buffer a whole generation); resume once the relay has taken it.
 _HIGH_WATER_BYTES = 256 * 1024
@@ -225,13 +227,19 @@ class EngineReply:
         return (self.is_chunked and not self.in_chunk and self.read_ended_line and not self._parts
                 and not self._is_complete and self._error is None and self._connection.is_open)
 
-    async def relay_natively(self, native: NativeRelay, client_fd: int, ticket: Ticket) -> Handback:
+    async def relay_natively(self, native: NativeRelay, client_fd: int, ticket: Ticket) -> Handback | None:
         """The relay thread sends the reply's next chunks straight to ``client_fd``; back at its end or
         at a chunk for Python (pd/native_relay.py), whose bytes this parser then reads as if they
-        had just arrived. Only where ``may_hand_over``."""
+        had just arrived. Only where ``may_hand_over``. None: the thread could not take it (no
+        descriptor left to duplicate), and nothing changed."""
         connection = self._connection
         connection.pause_reading()
-        handback = await native.relay(connection.fd, client_fd, ticket)
+        try:
+            handback = await native.relay(connection.fd, client_fd, ticket)
+        except OSError as exc:
+            log.warning("the relay thread could not take a stream (%s): relaying it in Python", exc)
+            connection.resume_reading()
+            return None
         self._last_bytes_s = handback.last_bytes_s
         connection.feed(handback.leftover)
         if handback.ending is Ending.ENGINE_LOST:

@@ -81,6 +81,20 @@ async def test_without_the_thread_the_chunks_after_the_first_token_are_written_f
     assert pushes[True] >= len(WORDS) - 2 and not handbacks
 
 
+async def test_a_stream_the_thread_cannot_take_goes_on_in_python(
+        pushes: Counter[bool], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    async def out_of_descriptors(*_args: object) -> Handback:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(NativeRelay, "relay", out_of_descriptors)
+    fake = FakeEngine(token_delay_s=0.01)
+    async with gateway_over([fake], [fake]) as base:
+        status, payload = await post(base, STREAM)
+    assert status == 200 and text_of(payload) == "".join(WORDS) and payload.endswith(b"data: [DONE]\n\n")
+    assert pushes[True] >= len(WORDS) - 2  # written from the engine's reads instead
+    assert sum("could not take a stream" in record.message for record in caplog.records) == 1  # once per stream
+
+
 @pytest.mark.parametrize("native_relay", [True, False])
 async def test_a_client_that_stops_reading_gets_every_chunk_in_order_once_it_reads_again(
         pushes: Counter[bool], handbacks: list[Handback], native_relay: bool) -> None:

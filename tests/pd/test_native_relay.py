@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 
 import pytest
 
+from pdserve.pd import native_relay
 from pdserve.pd.native_relay import Ending, NativeRelay, Ticket
 
 BOUNDS_S = (0.001, 0.01, 0.1, 0.5, 1.0)
@@ -33,7 +34,7 @@ async def native() -> AsyncIterator[NativeRelay]:
 
 
 @pytest.fixture
-def sockets() -> AsyncIterator[tuple[socket.socket, socket.socket, socket.socket, socket.socket]]:
+def sockets() -> Iterator[tuple[socket.socket, socket.socket, socket.socket, socket.socket]]:
     """(engine, engine's gateway end, client's gateway end, client): the relay reads the second, writes the third."""
     engine, engine_side = socket.socketpair()
     client_side, client = socket.socketpair()
@@ -170,3 +171,13 @@ async def test_each_relayed_read_counts_one_gap_in_its_bucket(native: NativeRela
     back = await asyncio.wait_for(relaying, 5)
     assert back.gap_counts == (0, 0, 0, 1, 0, 0) and 0.3 <= back.gap_sum_s < 0.5
     assert back.previous_s <= time.perf_counter()
+
+
+async def test_an_install_without_the_module_relays_in_python_and_says_so(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    assert native_relay.start(BOUNDS_S, enabled=False) is None
+    assert not caplog.records  # turned off: nothing to say
+    monkeypatch.setattr(native_relay, "_chunk_relay", None)
+    monkeypatch.setattr(native_relay, "_MISSING", "No module named 'pdserve.pd._chunk_relay'", raising=False)
+    assert native_relay.start(BOUNDS_S, enabled=True) is None
+    assert "was not built with this install" in caplog.text and "No module named" in caplog.text
