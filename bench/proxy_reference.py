@@ -10,6 +10,9 @@ chunk, read from its processes' counters: what a compiled relay costs on the sam
 
     python bench/proxy_reference.py --streams 16,128,256 --workers 2 --rounds 2 --duration 10
 
+--output-tokens (256 by default) sets each reply's length: CPU per chunk at two lengths splits into
+a part per chunk and a part per request (docs/benchmarks.md, section 1).
+
 (with pdserve importable: installed, or PYTHONPATH=. from the repository's root). nginx is Debian's
 (`apt-get install nginx-light`); nothing else in the repository needs it.
 """
