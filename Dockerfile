@@ -36,7 +36,7 @@ RUN if [ ! -e /opt/amazon/efa/lib/libfabric.so ]; then \
         && cd / && sudo rm -rf "${GNUPGHOME}" /tmp/aws-efa-installer* /var/lib/apt/lists/*; \
     fi
 
-COPY --chown=ray:users pyproject.toml README.md /home/ray/pdserve/
+COPY --chown=ray:users pyproject.toml setup.py README.md /home/ray/pdserve/
 COPY --chown=ray:users pdserve /home/ray/pdserve/pdserve
 COPY --chown=ray:users pdserve_vllm /home/ray/pdserve/pdserve_vllm
 

