@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pdserve.pd import native_relay
 from pdserve.pd.native_relay import Ending, NativeRelay, Ticket
@@ -181,3 +183,48 @@ async def test_an_install_without_the_module_relays_in_python_and_says_so(
     monkeypatch.setattr(native_relay, "_MISSING", "No module named 'pdserve.pd._chunk_relay'", raising=False)
     assert native_relay.start(BOUNDS_S, enabled=True) is None
     assert "was not built with this install" in caplog.text and "No module named" in caplog.text
+
+
+events = st.lists(st.binary(min_size=1, max_size=300).filter(lambda data: b"usage" not in data and b"error" not in data),
+                  min_size=1, max_size=12)
+
+
+@given(data=events, cuts=st.lists(st.integers(min_value=1, max_value=400), max_size=8),
+       error_at=st.none() | st.integers(min_value=0, max_value=11))
+@settings(max_examples=40, deadline=None)
+def test_a_reply_cut_anywhere_goes_on_whole_chunks_in_order_and_stops_where_python_must_see(
+        data: list[bytes], cuts: list[int], error_at: int | None) -> None:
+    """Whatever the reads: the client gets whole chunks, in order, up to the reply's end or the first error
+    event; what comes back starts at the chunk that stopped it; nothing is sent twice or lost."""
+    if error_at is not None and error_at < len(data):
+        data[error_at] = b'data: {"error": {"message": "engine core died"}}\n\n'
+    frames = [chunk(event) for event in data]
+    stop = next((index for index, event in enumerate(data) if event.startswith(b'data: {"error"')), len(data))
+    wire = b"".join(frames) + LAST
+    asyncio.run(relay_in_pieces(wire, cuts, expected_sent=b"".join(frames[:stop]),
+                                expected_payload=b"".join(data[:stop]), ending=Ending.END if stop == len(data) else Ending.HANDBACK))
+
+
+async def relay_in_pieces(wire: bytes, cuts: list[int], *, expected_sent: bytes, expected_payload: bytes,
+                          ending: Ending) -> None:
+    native = NativeRelay(BOUNDS_S)
+    engine, engine_side = socket.socketpair()
+    client_side, client = socket.socketpair()
+    try:
+        relaying = asyncio.ensure_future(native.relay(engine_side.fileno(), client_side.fileno(), TICKET))
+        start = 0
+        for cut in [*cuts, len(wire)]:
+            engine.sendall(wire[start:start + cut])
+            start += cut
+            await asyncio.sleep(0.002)  # each piece its own read, most of the time
+            if start >= len(wire):
+                break
+        engine.sendall(wire[start:])
+        back = await asyncio.wait_for(relaying, 5)
+        assert back.ending is ending and back.unsent == b""
+        assert received(client) == expected_sent and back.payload == expected_payload
+        assert expected_sent + back.leftover + received(engine_side) == wire  # the rest, from the stopping chunk on
+    finally:
+        native.close()
+        for sock in (engine, engine_side, client_side, client):
+            sock.close()
