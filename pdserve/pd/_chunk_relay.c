@@ -17,8 +17,8 @@
  * parser carries on where this stopped. Both sockets are dup()ed: the event loop keeps its own
  * descriptors and may close them at any time without this thread writing to a reused number.
  * The engine's HTTP/1.1 chunk framing is relayed as it came (the client's reply is chunked too),
- * so a chunk costs no copy beyond the read. Times are CLOCK_MONOTONIC seconds, Python's
- * time.perf_counter() and time.monotonic() on Linux.
+ * so nothing is re-framed: a chunk costs its read, a copy into the stream's record, and its send.
+ * Times are CLOCK_MONOTONIC seconds, Python's time.perf_counter() and time.monotonic() on Linux.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
