@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 try:
     from pdserve.pd import _chunk_relay
-except ImportError as exc:  # an install without a C compiler: pyproject.toml marks the module optional
+except ImportError as exc:  # an install without a C compiler: setup.py marks the module optional
     _chunk_relay = None  # type: ignore[assignment]
     _MISSING = str(exc)
 

@@ -228,3 +228,8 @@ async def relay_in_pieces(wire: bytes, cuts: list[int], *, expected_sent: bytes,
         native.close()
         for sock in (engine, engine_side, client_side, client):
             sock.close()
+
+
+def test_the_endings_are_the_c_modules_constants() -> None:
+    assert {ending.name: ending.value for ending in Ending} == {
+        ending.name: getattr(native_relay._chunk_relay, ending.name) for ending in Ending}
