@@ -9,6 +9,8 @@ tree runs under py-spy (all the gateway's processes, raw collapsed stacks in DIR
 
     python bench/gateway_ab.py --a /tmp/before --b . --streams 128 --workers 2 --rounds 4 [--profile DIR]
 
+With --b-workers, B's gateway runs that many processes: --a and --b the same tree compare worker counts.
+
 (with pdserve importable: installed, or PYTHONPATH=. from the repository's root).
 """
 
@@ -70,7 +72,7 @@ async def _window(args: argparse.Namespace, name: str, load: LoadProcesses, upst
     # -P: not this working directory's pdserve, the one PYTHONPATH names
     argv = ["env", f"PYTHONPATH={tree.resolve()}", sys.executable, "-P", "-m", "pdserve", "serve",
             *serve_flags(upstream_urls),
-            "--port", str(port), "--workers", str(args.workers)]
+            "--port", str(port), "--workers", str(_workers(args, name))]
     async with child_service(argv, ready_url=f"http://127.0.0.1:{port}/health",
                              log_path=args.logs / f"gateway-{name}.log") as gateway:
         await asyncio.sleep(1.0)  # every worker up
@@ -101,11 +103,15 @@ async def _measure(args: argparse.Namespace, name: str, load: LoadProcesses, por
     summary = summarize(records, slo=_NO_SLO, windows=[steady])
     ttft, itl = summary.ttft_ms, summary.itl_ms
     per_chunk_us = used_s / chunks * 1e6
-    print(f"{name} {args.streams} streams, {args.workers} worker(s){' under py-spy' if profile else ''}: "
+    print(f"{name} {args.streams} streams, {_workers(args, name)} worker(s){' under py-spy' if profile else ''}: "
           f"{per_chunk_us:.1f} us per chunk, {used_s / args.steady_s:.2f} cores, {chunks / args.steady_s:.0f} chunks/s; "
           f"TTFT p50 {ttft.p50 if ttft else 0:.2f} ms, ITL p99 {itl.p99 if itl else 0:.2f} ms, {summary.errors} errors",
           flush=True)
     return per_chunk_us, ttft.p50 if ttft else 0.0
+
+
+def _workers(args: argparse.Namespace, name: str) -> int:
+    return int(args.b_workers) if name == "B" and args.b_workers is not None else int(args.workers)
 
 
 def _py_spy(out: Path, pid: int, duration_s: float) -> subprocess.Popen[bytes]:
@@ -121,6 +127,7 @@ if __name__ == "__main__":
     parser.add_argument("--b", type=Path, required=True, help="source tree holding pdserve/ (the 'after')")
     parser.add_argument("--streams", type=int, default=128)
     parser.add_argument("--workers", type=int, default=2, help="gateway processes")
+    parser.add_argument("--b-workers", type=int, default=None, help="B's gateway processes (default: --workers)")
     parser.add_argument("--rounds", type=int, default=4, help="windows per tree")
     parser.add_argument("--load-processes", type=int, default=1)
     parser.add_argument("--upstreams", type=int, default=1, help="synthetic engine processes")

@@ -99,7 +99,7 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     them) and which nests at most MAX_NESTING levels (deeper would exhaust a parser's stack)."""
     try:
         text = raw.decode("utf-8")
-        body = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        body = _DECODER.decode(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(f"request body is not valid UTF-8 JSON: {exc}", code="invalid_json") from exc
     except RecursionError as exc:
@@ -123,6 +123,9 @@ def _finite_float(literal: str) -> float:
     if not math.isfinite(number):
         raise ValueError(f"{literal[:20]} is out of range")
     return number
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)  # json.loads would build one per call
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -59,6 +60,7 @@ log = logging.getLogger(__name__)
 JSON = "application/json"
 # The scope extension under which gateway/server.py offers the client connection's transport.
 TRANSPORT_EXTENSION = "pdserve.transport"
+_TCP_CORK: int | None = getattr(socket, "TCP_CORK", None)
 SCHEMAS: dict[str, type[ChatRequest | CompletionRequest]] = {
     "/v1/completions": CompletionRequest, "/v1/chat/completions": ChatRequest,
 }
@@ -376,21 +378,30 @@ async def _send_reply(send: Send, reply: Reply, *, request_id: str, transport: a
     Where the server offers its ``transport``, a chunk is written to it at once while nothing waits
     in its buffer: the bytes uvicorn would write for it, from the engine socket's read, with no ASGI
     message and no task woken (docs/benchmarks.md, section 1). With bytes queued (a slow client) it
-    goes through ``send``, which waits for the buffer to drain.
+    goes through ``send``, which waits for the buffer to drain. A first chunk already in hand takes
+    the response head along in one packet (``ClientTransport.hold``).
     """
     extra = ((b"x-request-id", request_id.encode()),)
     if reply.stream is None:
         assert reply.json_body is not None
         await _send_whole(send, 200, reply.json_body, extra_headers=extra)
         return
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), *extra]})
     message = {"type": "http.response.body", "body": b"", "more_body": True}  # one dict for every chunk
     client = None if transport is None else ClientTransport(transport)
-    async for chunk in reply.stream(client):
-        if client is None or not client.write_now(chunk):
-            message["body"] = chunk
-            await send(message)
+    if client is not None and reply.first_chunk_ready:
+        client.hold()
+    try:
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), *extra]})
+        async for chunk in reply.stream(client):
+            if client is None or not client.write_now(chunk):
+                message["body"] = chunk
+                await send(message)
+                if client is not None:
+                    client.release()
+    finally:
+        if client is not None:
+            client.release()
     await send({"type": "http.response.body", "body": b""})
 
 
@@ -403,11 +414,34 @@ class ClientTransport:
         self._transport = transport
         self._buffered, self._is_closing, self._write = transport.get_write_buffer_size, transport.is_closing, transport.write
         self._is_tls = transport.get_extra_info("sslcontext") is not None  # its socket carries ciphertext only
+        self._is_held = False
+
+    def hold(self) -> None:
+        """Keep what is written in the socket until the first chunk is (TCP_CORK, Linux): the response
+        head and the first token then reach the client as one packet, one wake-up rather than two."""
+        if _TCP_CORK is not None and not self._is_closing():
+            self._is_held = self._cork(1)
+
+    def release(self) -> None:
+        """Send what ``hold`` kept (the kernel would, at the latest, after 200 ms)."""
+        if self._is_held and not self._is_closing():
+            self._cork(0)
+        self._is_held = False
+
+    def _cork(self, value: int) -> bool:
+        assert _TCP_CORK is not None
+        try:
+            self._transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, _TCP_CORK, value)
+        except OSError:  # a connection already reset: what is left of it does not matter
+            return False
+        return True
 
     def write_now(self, chunk: bytes) -> bool:
         if not chunk or self._buffered() or self._is_closing():
             return False
         self._write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        if self._is_held:
+            self.release()
         return True
 
     def write_framed(self, data: bytes) -> None:

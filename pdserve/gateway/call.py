@@ -56,8 +56,11 @@ class Reply:
     writes there the chunks that can be written at once instead, as they arrive, and yields only the others.
     ``close`` must be called once the stream is done or abandoned: a stream that was never
     iterated (client gone before the first byte) cannot clean up after itself.
+    ``first_chunk_ready``: the stream's first chunk is in hand (the prefill engine's token), so the
+    response head may wait for it and leave in the same packet.
     """
 
     json_body: bytes | None = None
     stream: Callable[[ClientSocket | None], AsyncIterator[bytes]] | None = None
     close: Callable[[], None] = lambda: None
+    first_chunk_ready: bool = False

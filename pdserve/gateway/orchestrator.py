@@ -81,7 +81,6 @@ class Orchestrator:
             call.body, path=call.path, is_stream=call.is_stream)
         kv = await self._prefill_or_local(call, key, wants_first_token) if decision.mode is Mode.PD else None
         prefill_done_s = None if kv is None else time.perf_counter()
-        decode_body = call.body if kv is None else decode.make_body(call.body, kv)
         lead = None
         if kv is not None and kv.first is not None:
             first = first_token.for_client(call.body, kv.first, max_model_len=self._max_model_len())
@@ -91,6 +90,8 @@ class Orchestrator:
             if (fields := kv.fields_for_prompt(len(first.prompt_token_ids) + 1)) is not None:
                 decode_body, lead = first_token.continue_after(call.body, first, fields)
                 self._metrics.prefill_first_tokens.inc()
+        if lead is None:
+            decode_body = call.body if kv is None else decode.make_body(call.body, kv)
         tried: list[Endpoint] = []
 
         async def open_leg(*, over_cap: bool = False) -> DecodeLeg:
@@ -117,7 +118,7 @@ class Orchestrator:
                       leg_failed=self.leg_failed, spec=self._spec, metrics=self._metrics, handoffs=self._handoffs,
                       recent=self.recent, native=self._native)
         if call.is_stream:
-            return Reply(stream=relay.stream, close=relay.finish)
+            return Reply(stream=relay.stream, close=relay.finish, first_chunk_ready=lead is not None)
         return Reply(json_body=await relay.read_whole())
 
     async def close(self) -> None:
@@ -140,7 +141,7 @@ class Orchestrator:
             for chunk in chunks:
                 yield chunk
 
-        return Reply(stream=stream, close=lambda: None)
+        return Reply(stream=stream, close=lambda: None, first_chunk_ready=True)
 
     def _choose_decode(self, key: PromptKey) -> Endpoint:
         """The decode engine the router prefers for this prompt, among those with room if any has.

@@ -54,10 +54,9 @@ def parse_mode(header: bytes | None) -> Mode | None:
 
 async def read_body(receive: Receive, headers: dict[bytes, bytes], *, limit: int) -> bytes:
     """The request body, refusing (413) more than ``limit`` bytes without buffering them."""
-    too_large = BadRequest(f"request body exceeds {limit} bytes", status=413, code="request_too_large")
     declared = headers.get(b"content-length", b"")
     if declared.isdigit() and (len(declared) > len(str(limit)) or int(declared) > limit):
-        raise too_large
+        raise _too_large(limit)
     chunks, size, more_body = [], 0, True
     while more_body:
         message = await receive()
@@ -66,7 +65,11 @@ async def read_body(receive: Receive, headers: dict[bytes, bytes], *, limit: int
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise too_large
+            raise _too_large(limit)
         chunks.append(chunk)
         more_body = message.get("more_body", False)
     return b"".join(chunks)
+
+
+def _too_large(limit: int) -> BadRequest:
+    return BadRequest(f"request body exceeds {limit} bytes", status=413, code="request_too_large")

@@ -23,9 +23,10 @@ details (stop strings, penalties over output tokens, a seed, logprobs, echo, min
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from typing import Any
+
+import pydantic_core
 
 from pdserve.pd import resume
 from pdserve.protocol import SSE_DONE, SSE_EVENT_PREFIX
@@ -68,7 +69,7 @@ def read(reply: dict[str, Any]) -> FirstToken | None:
     try:
         choice = reply["choices"][0]
         (token_id,) = choice["token_ids"]
-        prompt = tuple(int(token) for token in choice["prompt_token_ids"])
+        prompt = tuple(map(int, choice["prompt_token_ids"]))
         computed = reply["kv_transfer_params"].get("remote_num_tokens")
         first = FirstToken(token_id=int(token_id), text=str(choice.get("text") or ""),
                            finish_reason=choice.get("finish_reason"), stop_reason=choice.get("stop_reason"),
@@ -137,7 +138,7 @@ def count_in_usage(chunk: bytes) -> bytes:
         if USAGE_MARK not in raw or not raw.startswith(SSE_EVENT_PREFIX):
             continue
         try:
-            message = json.loads(raw[len(SSE_EVENT_PREFIX):])
+            message = pydantic_core.from_json(raw[len(SSE_EVENT_PREFIX):])
             usage = message["usage"]
             usage["prompt_tokens"] -= 1
             usage["completion_tokens"] += 1
@@ -148,4 +149,4 @@ def count_in_usage(chunk: bytes) -> bytes:
 
 
 def _sse(message: dict[str, Any]) -> bytes:
-    return SSE_EVENT_PREFIX + json.dumps(message, separators=(",", ":")).encode() + b"\n\n"
+    return SSE_EVENT_PREFIX + pydantic_core.to_json(message) + b"\n\n"

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Mapping
 from typing import Any
+
+import pydantic_core
 
 from pdserve.errors import LegFailed
 from pdserve.pd import first_token, legs
@@ -56,7 +57,7 @@ async def run(
                                trace_headers=trace_headers)
     try:
         async with asyncio.timeout_at(deadline_s):
-            reply = json.loads(await response.read())
+            reply = pydantic_core.from_json(await response.read())
     except (EngineUnreachable, TimeoutError) as exc:
         raise legs.leg_failed(Role.PREFILL, url, exc, status=200, timeout_s=timeout_s) from exc
     except ValueError as exc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from pdserve.config import RoutingSpec
@@ -43,11 +43,13 @@ class Router:
         them is its home (prefix.py). Raises ValueError if empty."""
         if not candidates:
             raise ValueError("no engine to choose from")
+        if len(candidates) == 1:  # nothing to weigh (one prefill engine is a common shape)
+            return candidates[0]
         ranks = {endpoint.url: home_rank(key.home, endpoint.url) for endpoint in candidates}
         home = max(ranks, key=lambda url: ranks[url])
         is_decode = candidates[0].role is Role.DECODE
-        views = [replace(self.view(endpoint, key), rank=ranks[endpoint.url],
-                         home_tokens=key.home_tokens if is_decode and endpoint.url == home else 0.0)
+        views = [self.view(endpoint, key, rank=ranks[endpoint.url],
+                           home_tokens=key.home_tokens if is_decode and endpoint.url == home else 0.0)
                  for endpoint in candidates]
         by_url = {endpoint.url: endpoint for endpoint in candidates}
         if is_decode:
@@ -78,9 +80,9 @@ class Router:
         finally:
             endpoint.queued_prefill_tokens -= tokens
 
-    def view(self, endpoint: Endpoint, key: PromptKey) -> EngineView:
-        """``endpoint`` as the cost functions see it for ``key``; a load read older than
-        ``load_max_age_s`` counts as none, leaving this process's own counts."""
+    def view(self, endpoint: Endpoint, key: PromptKey, *, rank: int = 0, home_tokens: float = 0.0) -> EngineView:
+        """``endpoint`` as the cost functions see it for ``key`` (``rank``, ``home_tokens``: see EngineView);
+        a load read older than ``load_max_age_s`` counts as none, leaving this process's own counts."""
         self._follow_engine(endpoint)
         load = endpoint.load
         is_fresh = load.age_s(self._clock()) <= self._spec.load_max_age_s
@@ -89,7 +91,7 @@ class Router:
             else (0.0, 0.0, 0.0)
         return EngineView(
             url=endpoint.url, running=running, waiting=waiting, kv_usage=kv_usage, in_flight=endpoint.in_flight,
-            queued_prefill_tokens=endpoint.queued_prefill_tokens, cached_tokens=cached,
+            queued_prefill_tokens=endpoint.queued_prefill_tokens, cached_tokens=cached, home_tokens=home_tokens, rank=rank,
         )
 
     def _follow_engine(self, endpoint: Endpoint) -> None:

@@ -13,7 +13,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
+import pytest
 
+from pdserve.gateway.app import ClientTransport
 from pdserve.pd.decode import RELEASE_MODEL
 from tests.fake_engine import FIRST_TOKEN_ID, KV_PARAMS, WORDS, FakeEngine
 from tests.gateway.test_app import MODEL, post
@@ -227,3 +229,18 @@ async def test_a_client_leaving_after_the_first_token_frees_the_decode_engines_s
         status, payload = await post(base, streamed(PROMPT_WITH_ROOM))  # the engine serves the next one
     assert held == 1 and legs.endswith(" 0.0"), legs
     assert status == 200 and text_of(payload) == "".join(WORDS)
+
+
+async def test_the_response_head_waits_for_the_prefill_engines_token_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lead is in hand when the reply starts: the head goes out with it (ClientTransport.hold);
+    without one, the head goes at once, as the decode engine may take long for its first token."""
+    held: list[bool] = []
+    monkeypatch.setattr(ClientTransport, "hold", lambda self: held.append(True))
+    prefill, decode = engines()
+    async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05) as base:
+        await settled(base)
+        _, with_lead = await post(base, streamed(PROMPT_WITH_ROOM))
+        assert held == [True]
+        _, without_lead = await post(base, streamed(list(range(1000, 1010))))  # blocks it cannot map: no lead
+    assert held == [True]
+    assert text_of(with_lead) == "".join(WORDS) and text_of(without_lead) == "".join(WORDS[1:])
