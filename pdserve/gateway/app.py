@@ -397,8 +397,8 @@ async def _send_reply(send: Send, reply: Reply, *, request_id: str, transport: a
             if client is None or not client.write_now(chunk):
                 message["body"] = chunk
                 await send(message)
-                if client is not None:
-                    client.release()
+            if client is not None:
+                client.release()  # a held head has gone out with the first chunk
     finally:
         if client is not None:
             client.release()
@@ -417,8 +417,9 @@ class ClientTransport:
         self._is_held = False
 
     def hold(self) -> None:
-        """Keep what is written in the socket until the first chunk is (TCP_CORK, Linux): the response
-        head and the first token then reach the client as one packet, one wake-up rather than two."""
+        """Keep what is written in the socket until ``release``, called once the first chunk is written
+        (TCP_CORK, Linux): the response head and the first token then reach the client as one packet,
+        one wake-up rather than two."""
         if _TCP_CORK is not None and not self._is_closing():
             self._is_held = self._cork(1)
 
@@ -440,8 +441,6 @@ class ClientTransport:
         if not chunk or self._buffered() or self._is_closing():
             return False
         self._write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-        if self._is_held:
-            self.release()
         return True
 
     def write_framed(self, data: bytes) -> None:

@@ -38,7 +38,7 @@ def received_within(client: socket.socket, timeout_s: float) -> bytes:
     return client.recv(65536) if readable else b""
 
 
-async def test_held_bytes_wait_for_the_first_chunk_and_leave_with_it(
+async def test_held_bytes_wait_for_the_first_chunk_and_leave_with_it_on_release(
         connection: tuple[asyncio.WriteTransport, socket.socket]) -> None:
     transport, client = connection
     writer = ClientTransport(transport)
@@ -46,6 +46,7 @@ async def test_held_bytes_wait_for_the_first_chunk_and_leave_with_it(
     transport.write(b"HTTP/1.1 200 OK\r\n\r\n")  # as uvicorn writes a response head
     assert received_within(client, 0.05) == b""  # not sent: without hold, the head would be here already
     assert writer.write_now(b"data: 1\n\n")
+    writer.release()
     assert received_within(client, 1.0) == b"HTTP/1.1 200 OK\r\n\r\n9\r\ndata: 1\n\n\r\n"
     assert writer.write_now(b"data: 2\n\n") and received_within(client, 1.0) == b"9\r\ndata: 2\n\n\r\n"
 

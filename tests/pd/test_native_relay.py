@@ -219,7 +219,6 @@ async def relay_in_pieces(wire: bytes, cuts: list[int], *, expected_sent: bytes,
             await asyncio.sleep(0.002)  # each piece its own read, most of the time
             if start >= len(wire):
                 break
-        engine.sendall(wire[start:])
         back = await asyncio.wait_for(relaying, 5)
         assert back.ending is ending and back.unsent == b""
         assert received(client) == expected_sent and back.payload == expected_payload
