@@ -10,6 +10,9 @@ tree runs under py-spy (all the gateway's processes, raw collapsed stacks in DIR
     python bench/gateway_ab.py --a /tmp/before --b . --streams 128 --workers 2 --rounds 4 [--profile DIR]
 
 With --b-workers, B's gateway runs that many processes: --a and --b the same tree compare worker counts.
+--disaggregation sets both gateways' routing.disaggregation (else PDSERVE_ROUTING__DISAGGREGATION, else
+auto): auto serves these 64-token prompts in one leg, as `pdserve serve` decides; always through both legs.
+--output-tokens below 256 weighs each request's own work more per chunk.
 
 (with pdserve importable: installed, or PYTHONPATH=. from the repository's root).
 """
@@ -37,12 +40,12 @@ from pdserve.bench.services import child_service, free_port, serve_flags, synthe
 from pdserve.bench.stats import Slo, Window, summarize
 from pdserve.bench.workload import Lengths, synthetic
 
-_RAMP_S = 2.57  # one stream lifetime: 20 ms TTFT + 255 tokens at 100/s
 _NO_SLO = Slo(ttft_s=float("inf"), itl_s=float("inf"))
 
 
 async def main(args: argparse.Namespace) -> None:
-    requests = synthetic(64, model="pdserve-demo", input_tokens=Lengths(64, 64), output_tokens=Lengths(256, 256),
+    output = Lengths(args.output_tokens, args.output_tokens)
+    requests = synthetic(64, model="pdserve-demo", input_tokens=Lengths(64, 64), output_tokens=output,
                          prompts=WordPrompts(), seed=0)
     per_chunk_us: dict[str, list[float]] = {"A": [], "B": []}
     ttft_p50_ms: dict[str, list[float]] = {"A": [], "B": []}
@@ -70,7 +73,8 @@ async def _window(args: argparse.Namespace, name: str, load: LoadProcesses, upst
     tree: Path = getattr(args, name.lower())
     port = free_port()
     # -P: not this working directory's pdserve, the one PYTHONPATH names
-    argv = ["env", f"PYTHONPATH={tree.resolve()}", sys.executable, "-P", "-m", "pdserve", "serve",
+    routing = [] if args.disaggregation is None else [f"PDSERVE_ROUTING__DISAGGREGATION={args.disaggregation}"]
+    argv = ["env", f"PYTHONPATH={tree.resolve()}", *routing, sys.executable, "-P", "-m", "pdserve", "serve",
             *serve_flags(upstream_urls),
             "--port", str(port), "--workers", str(_workers(args, name))]
     async with child_service(argv, ready_url=f"http://127.0.0.1:{port}/health",
@@ -83,7 +87,8 @@ async def _measure(args: argparse.Namespace, name: str, load: LoadProcesses, por
                    processes: list[psutil.Process], *, profile: bool) -> tuple[float, float]:
     """The gateway's CPU per chunk (µs) and TTFT p50 (ms) over one steady window."""
     start_s = time.perf_counter() + 0.05
-    steady = Window(start_s + _RAMP_S, start_s + _RAMP_S + args.steady_s)
+    ramp_s = 0.02 + (args.output_tokens - 1) / 100  # one stream's lifetime: the synthetic engine's 20 ms TTFT, 100 tokens/s
+    steady = Window(start_s + ramp_s, start_s + ramp_s + args.steady_s)
 
     async def cpu_s() -> float:
         await asyncio.sleep(steady.start_s - time.perf_counter())
@@ -98,7 +103,7 @@ async def _measure(args: argparse.Namespace, name: str, load: LoadProcesses, por
 
     reading = asyncio.ensure_future(cpu_s())
     records = await load.run(Target(name, (f"http://127.0.0.1:{port}",)), streams=args.streams, start_s=start_s,
-                             ramp_s=_RAMP_S, stop_s=steady.end_s, timeout_s=60.0)
+                             ramp_s=ramp_s, stop_s=steady.end_s, timeout_s=60.0)
     used_s, chunks = await reading, chunks_in(records, [steady])
     summary = summarize(records, slo=_NO_SLO, windows=[steady])
     ttft, itl = summary.ttft_ms, summary.itl_ms
@@ -128,6 +133,9 @@ if __name__ == "__main__":
     parser.add_argument("--streams", type=int, default=128)
     parser.add_argument("--workers", type=int, default=2, help="gateway processes")
     parser.add_argument("--b-workers", type=int, default=None, help="B's gateway processes (default: --workers)")
+    parser.add_argument("--output-tokens", type=int, default=256, help="tokens per reply")
+    parser.add_argument("--disaggregation", choices=["auto", "always", "never"], default=None,
+                        help="both gateways' routing.disaggregation: always is PD, never one leg")
     parser.add_argument("--rounds", type=int, default=4, help="windows per tree")
     parser.add_argument("--load-processes", type=int, default=1)
     parser.add_argument("--upstreams", type=int, default=1, help="synthetic engine processes")

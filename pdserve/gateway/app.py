@@ -154,12 +154,12 @@ class Gateway:
             trace = self._tracing.request(headers, request_id=call_id, path=path)
             call = Call(path=path, body=await self._read_request(path, headers, receive), mode=mode,
                         request_id=call_id, arrived_s=time.perf_counter(), trace=trace)
-            with DisconnectGuard(receive):
+            with DisconnectGuard(receive, lost=offered(scope, "lost")):
                 async with self.admission.gateway_slot():  # held until the last byte, whatever ends it
                     reply = await self._run(call)
                     status = 200  # from here on, failures reach the client inside the stream
                     try:
-                        await _send_reply(send, reply, request_id=call_id, transport=offered_transport(scope))
+                        await _send_reply(send, reply, request_id=call_id, transport=offered(scope, "transport"))
                     finally:
                         reply.close()
         except ClientDisconnected:
@@ -366,10 +366,10 @@ async def _send_error(send: Send, error: ClientError, *, request_id: str) -> Non
     await _send_whole(send, error.status, error.body(), extra_headers=tuple(extra))
 
 
-def offered_transport(scope: Scope) -> asyncio.WriteTransport | None:
-    """The client connection's transport, where the server offers it (gateway/server.py)."""
-    extension = scope.get("extensions", {}).get(TRANSPORT_EXTENSION)
-    return None if extension is None else extension["transport"]
+def offered(scope: Scope, name: str) -> Any:
+    """What the server offers of the client's connection (gateway/server.py): its ``transport``, or
+    ``lost``, a future done once it is lost; None where it offers nothing."""
+    return scope.get("extensions", {}).get(TRANSPORT_EXTENSION, {}).get(name)
 
 
 async def _send_reply(send: Send, reply: Reply, *, request_id: str, transport: asyncio.WriteTransport | None) -> None:

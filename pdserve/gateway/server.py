@@ -55,13 +55,25 @@ def make_gateway_server(settings: Settings, *, members: MembersFolder | None = N
 
 
 class TransportOffering(HttpToolsProtocol):
-    """uvicorn's httptools protocol, also offering the app each request's client transport as the
-    scope extension TRANSPORT_EXTENSION: the completion routes write relayed chunks to it directly
-    (gateway/app.py). An app that ignores the extension sees plain uvicorn."""
+    """uvicorn's httptools protocol, also offering the app each request's client connection as the
+    scope extension TRANSPORT_EXTENSION: its ``transport``, which the completion routes write relayed
+    chunks to directly, and ``lost``, a future done once the connection is lost, which cancels their
+    work with no watcher task per request (gateway/app.py, gateway/disconnect.py). An app that
+    ignores the extension sees plain uvicorn."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._lost: asyncio.Future[None] = self.loop.create_future()
+        self._offer: dict[object, object] = {"transport": transport, "lost": self._lost}
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if not self._lost.done():
+            self._lost.set_result(None)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self.scope["extensions"] = {TRANSPORT_EXTENSION: {"transport": self.transport}}
+        self.scope["extensions"] = {TRANSPORT_EXTENSION: self._offer}
 
 
 def make_server(app: ASGIApp, *, host: str, port: int, handle_signals: bool = False) -> uvicorn.Server:
@@ -98,7 +110,17 @@ class GatewayWorkers:
                  handle_signals: bool = False) -> None:
         self._settings, self._members, self._handle_signals = settings, members, handle_signals
         self.started = False
-        self.should_exit = False
+        self._exit = asyncio.Event()  # set by should_exit, a signal, or a worker's exit: no polling while serving
+        self._exited: list[multiprocessing.process.BaseProcess] = []
+
+    @property
+    def should_exit(self) -> bool:
+        return self._exit.is_set()
+
+    @should_exit.setter
+    def should_exit(self, value: bool) -> None:
+        if value:
+            self._exit.set()
 
     async def serve(self) -> None:
         spec = self._settings.gateway
@@ -109,26 +131,35 @@ class GatewayWorkers:
                                      args=(self._settings, Worker(index, spec.workers, run_dir, health), os.getpid(),
                                            self._members))
                      for index in range(spec.workers)]
+        loop = asyncio.get_running_loop()
         if self._handle_signals:
-            loop = asyncio.get_running_loop()
             for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(signum, self._exit)
+                loop.add_signal_handler(signum, self._exit.set)
+        watched: list[int] = []
         try:
             for process in processes:
                 process.start()
-            while not self.should_exit:
-                if dead := [process for process in processes if not process.is_alive()]:
-                    raise EngineStartFailed(f"gateway worker {dead[0].name} exited ({dead[0].exitcode}); "
-                                            f"is {spec.host}:{spec.port} taken?")
-                self.started = self.started or all(
-                    (run_dir / f"ready-{index}").exists() for index in range(spec.workers))
+                loop.add_reader(process.sentinel, self._on_exit, process)  # readable once the process ends
+                watched.append(process.sentinel)
+            while not self.started and not self.should_exit:
+                self.started = all((run_dir / f"ready-{index}").exists() for index in range(spec.workers))
                 await asyncio.sleep(0.1)
+            await self._exit.wait()
+            if self._exited:
+                exited = self._exited[0]
+                raise EngineStartFailed(f"gateway worker {exited.name} exited ({exited.exitcode}); "
+                                        f"is {spec.host}:{spec.port} taken?")
         finally:
+            for sentinel in watched:
+                loop.remove_reader(sentinel)
             await asyncio.to_thread(_stop, processes)
             shutil.rmtree(run_dir, ignore_errors=True)
 
-    def _exit(self) -> None:
-        self.should_exit = True
+    def _on_exit(self, process: multiprocessing.process.BaseProcess) -> None:
+        asyncio.get_running_loop().remove_reader(process.sentinel)
+        if not self.should_exit:  # not one we are stopping
+            self._exited.append(process)
+            self._exit.set()
 
 
 def _stop(processes: Sequence[multiprocessing.process.BaseProcess]) -> None:
@@ -160,10 +191,12 @@ async def _serve_worker(settings: Settings, worker: Worker, parent_pid: int, mem
 
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop)
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+    is_ready_said = False
     try:
         while not serving.done():
-            if server.started:
+            if server.started and not is_ready_said:
                 (worker.run_dir / f"ready-{worker.index}").touch()
+                is_ready_said = True
             if os.getppid() != parent_pid:  # the parent was killed: do not linger on the port
                 server.should_exit = True
             await asyncio.wait({serving}, timeout=0.5)

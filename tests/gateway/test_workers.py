@@ -4,8 +4,10 @@ import asyncio
 
 import httpx
 import psutil
+import pytest
 
-from pdserve.config import load_settings
+from pdserve.config import Settings, load_settings
+from pdserve.errors import EngineStartFailed
 from pdserve.gateway.server import GatewayWorkers
 from pdserve.gateway.workers import merge_exposition
 from tests.conftest import free_port, serving
@@ -18,16 +20,11 @@ async def test_two_workers_serve_one_port_and_metrics_sum_both() -> None:
     engine = FakeEngine(token_delay_s=0.2)  # each stream lasts ~1 s: all are open at once
     async with serving(engine.app(), free_port()) as engine_url:
         port = free_port()
-        settings = load_settings(overrides={
-            "prefill.urls": [engine_url], "prefill.engines": 0, "decode.urls": [engine_url], "decode.engines": 0,
-            "gateway.port": port, "gateway.workers": 2,
-        })
+        settings = _two_workers(engine_url, port)
         workers = GatewayWorkers(settings)
         task = asyncio.create_task(workers.serve())
         try:
-            while not workers.started:
-                assert not task.done(), task.exception()
-                await asyncio.sleep(0.05)
+            await _until_started(workers, task)
             base_url = f"http://127.0.0.1:{port}"
             body = {"model": settings.model.served_name, "prompt": "hi", "max_tokens": 5, "stream": True}
 
@@ -51,15 +48,46 @@ async def test_two_workers_serve_one_port_and_metrics_sum_both() -> None:
         finally:
             workers.should_exit = True
             await task
-    assert not [child for child in psutil.Process().children() if "spawn_main" in " ".join(child.cmdline())]
+    assert not _gateway_workers()
+
+
+async def test_a_worker_that_dies_stops_the_others_and_the_group_says_which() -> None:
+    """The parent waits on the workers' exits rather than polling them (gateway/server.py)."""
+    async with serving(FakeEngine().app(), free_port()) as engine_url:
+        workers = GatewayWorkers(_two_workers(engine_url, free_port()))
+        task = asyncio.create_task(workers.serve())
+        try:
+            await _until_started(workers, task)
+            _gateway_workers()[0].kill()
+            with pytest.raises(EngineStartFailed, match=r"gateway worker pdserve-gateway-\d exited \(-9\)"):
+                await asyncio.wait_for(task, timeout=5)
+        finally:
+            workers.should_exit = True
+            await asyncio.gather(task, return_exceptions=True)
+    assert not _gateway_workers()
+
+
+def _two_workers(engine_url: str, port: int) -> Settings:
+    return load_settings(overrides={
+        "prefill.urls": [engine_url], "prefill.engines": 0, "decode.urls": [engine_url], "decode.engines": 0,
+        "gateway.port": port, "gateway.workers": 2,
+    })
+
+
+async def _until_started(workers: GatewayWorkers, task: asyncio.Task[None]) -> None:
+    while not workers.started:
+        assert not task.done(), task.exception()
+        await asyncio.sleep(0.05)
+
+
+def _gateway_workers() -> list[psutil.Process]:
+    return [child for child in psutil.Process().children() if "spawn_main" in " ".join(child.cmdline())]
 
 
 def _connections_on(port: int) -> dict[int, int]:
     """Established client connections on ``port`` by gateway worker pid."""
     found: dict[int, int] = {}
-    for child in psutil.Process().children(recursive=True):
-        if "spawn_main" not in " ".join(child.cmdline()):
-            continue
+    for child in _gateway_workers():
         found[child.pid] = sum(1 for connection in child.net_connections(kind="tcp")
                                if connection.laddr.port == port and connection.status == psutil.CONN_ESTABLISHED)
     return found
