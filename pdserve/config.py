@@ -13,10 +13,12 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from pdserve.cluster_config import EksSpec, KubernetesSpec, RaySpec
 from pdserve.errors import ConfigError
 from pdserve.role import Role
+from pdserve.spec_base import FrozenSpec
 
 ENV_PREFIX = "PDSERVE_"
 DEMO_MODEL_NAME = "pdserve-demo"
@@ -29,11 +31,7 @@ def yaml_on_off(value: object) -> object:
     return ("on" if value else "off") if isinstance(value, bool) else value
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class ModelSpec(_Frozen):
+class ModelSpec(FrozenSpec):
     """Which model every engine serves. ``path: null`` means the built-in demo model."""
 
     path: str | None = Field(None, description="HF model dir or id; null = built-in demo model")
@@ -42,7 +40,7 @@ class ModelSpec(_Frozen):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
 
 
-class PlacementSpec(_Frozen):
+class PlacementSpec(FrozenSpec):
     """Where a cluster puts each engine of a pool: Ray Serve replica options and Kubernetes pods.
 
     ``pdserve up`` on one host ignores it; GPUs per engine come from ``tensor_parallel_size``.
@@ -59,7 +57,7 @@ class PlacementSpec(_Frozen):
         "EFA interfaces per engine (vpc.amazonaws.com/efa); > 0 moves KV over NIXL's LIBFABRIC backend"))
 
 
-class PoolSpec(_Frozen):
+class PoolSpec(FrozenSpec):
     """One pool of engines of the same role (prefill or decode)."""
 
     engines: int = Field(1, ge=0, description="engines to launch (0 with urls = external)")
@@ -108,7 +106,7 @@ class PoolSpec(_Frozen):
         return self
 
 
-class KVTransferSpec(_Frozen):
+class KVTransferSpec(FrozenSpec):
     """How the KV cache travels from prefill to decode engines (vLLM's kv_transfer_config)."""
 
     connector: Literal["NixlConnector"] = "NixlConnector"
@@ -136,7 +134,7 @@ class KVTransferSpec(_Frozen):
         "prompt itself, or fail the request"))
 
 
-class GatewaySpec(_Frozen):
+class GatewaySpec(FrozenSpec):
     host: str = Field("127.0.0.1", description=(
         f"address the gateway binds; on Ray, {NODE_HOST} = the address of the node each replica runs on"))
     replicas: int = Field(1, ge=1, description=(
@@ -203,7 +201,7 @@ class GatewaySpec(_Frozen):
         "and the engines it launches join it (vLLM --otlp-traces-endpoint); empty = off"))
 
 
-class RoutingSpec(_Frozen):
+class RoutingSpec(FrozenSpec):
     """Which engines serve a request, and whether disaggregating it pays (docs/routing.md)."""
 
     disaggregation: Literal["auto", "always", "never"] = Field("always", description=(
@@ -256,7 +254,7 @@ DEFAULT_LOG_ROOT = Path(".pdserve/logs")
 LOCAL_ENGINE_HOST = "127.0.0.1"  # where the gateway reaches engines `pdserve up` launched
 
 
-class LaunchSpec(_Frozen):
+class LaunchSpec(FrozenSpec):
     ready_timeout_s: float = Field(900.0, gt=0, description="per engine, load + warm-up")
     log_dir: str = Field("", description=(
         "engine log files, one per engine; empty = .pdserve/logs/gateway-<gateway.port>, so two deployments "
@@ -281,121 +279,7 @@ class LaunchSpec(_Frozen):
     _mps_on_off = field_validator("mps", mode="before")(yaml_on_off)
 
 
-# A prefill engine computes a few prompts at a time; a decode engine batches many streams.
-DEFAULT_TARGET_REQUESTS = {Role.PREFILL: 4.0, Role.DECODE: 32.0}
-
-
-class PoolScalingSpec(_Frozen):
-    """One pool's bounds on Ray, and the load per engine Serve sizes it for (pdserve/ray/pool_size.py)."""
-
-    min_engines: int = Field(1, ge=1, description=(
-        "fewest engines; at least 1, since an empty pool reports no load to grow from"))
-    max_engines: int = Field(4, ge=1, description="most engines; Ray must have the nodes and resources for them")
-    target_requests: float = Field(gt=0, description=(
-        "running + waiting requests per engine, as the engine's /metrics counts them: more grows the pool"))
-    max_kv_usage: float = Field(0.8, gt=0, le=1, description=(
-        "KV cache use per engine (0..1) to stay under: more grows the pool"))
-
-    @model_validator(mode="after")
-    def _check_bounds(self) -> PoolScalingSpec:
-        if self.max_engines < self.min_engines:
-            raise ValueError("max_engines must be at least min_engines")
-        return self
-
-
-class RayAutoscalingSpec(_Frozen):
-    """Ray Serve grows and shrinks each pool with its engines' own load (pdserve/ray/autoscaling.py)."""
-
-    enabled: bool = Field(False, description="on: Serve sizes the pools and ignores their `engines`")
-    prefill: PoolScalingSpec = PoolScalingSpec(target_requests=DEFAULT_TARGET_REQUESTS[Role.PREFILL])
-    decode: PoolScalingSpec = PoolScalingSpec(target_requests=DEFAULT_TARGET_REQUESTS[Role.DECODE])
-    upscale_delay_s: float = Field(30.0, ge=0, description="a pool grows once its load has asked for it this long")
-    downscale_delay_s: float = Field(600.0, ge=0, description=(
-        "a pool shrinks, by one engine, once its load has asked for it this long (an engine takes minutes to start)"))
-
-    def pool(self, role: Role) -> PoolScalingSpec:
-        return self.prefill if role is Role.PREFILL else self.decode
-
-    @model_validator(mode="before")
-    @classmethod
-    def _pool_target_defaults(cls, tree: Any) -> Any:
-        """``decode: {max_engines: 8}`` keeps the decode pool's own default target."""
-        if not isinstance(tree, dict):
-            return tree
-        pools = {role.value: {"target_requests": target, **tree[role.value]}
-                 for role, target in DEFAULT_TARGET_REQUESTS.items() if isinstance(tree.get(role.value), dict)}
-        return {**tree, **pools}
-
-
-class RaySpec(_Frozen):
-    """``pdserve ray up`` and ``render serve``: the Ray Serve application on a running cluster."""
-
-    address: str = Field("http://127.0.0.1:8265", description=(
-        "the cluster's dashboard, as `serve deploy --address` takes it"))
-    app_name: str = Field("pdserve", description="Serve application name")
-    gateway_cpus: float = Field(1.0, gt=0, description="CPUs reserved for the gateway replica")
-    gateway_resources: dict[str, float] = Field(default_factory=dict, description=(
-        "Ray custom resources for the gateway replica, e.g. {head: 1}"))
-    health_check_period_s: float = Field(2.0, gt=0, description=(
-        "how often Serve asks each engine replica for its engine's /health"))
-    engine_unresponsive_s: float = Field(60.0, gt=0, description=(
-        "a running engine that has not answered /health this long is replaced; one that exited is at once"))
-    deploy_timeout_s: float = Field(900.0, gt=0, description="`ray up` waits this long for the app to serve")
-    drain_timeout_s: float = Field(300.0, gt=0, description=(
-        "an engine replica Serve stops (scale-down, replacement, `ray down`) leaves the gateway, then its engine "
-        "may finish what it runs this long before it is stopped anyway"))
-    autoscaling: RayAutoscalingSpec = RayAutoscalingSpec()
-
-
-class KubernetesSpec(_Frozen):
-    """``pdserve render k8s``: the KubeRay RayService and its companions."""
-
-    name: str = Field("pdserve", description="RayService name; prefix of every object")
-    namespace: str = Field("pdserve", description="namespace of every object")
-    image: str = Field("pdserve:latest", description="container image (see Dockerfile) on head and workers")
-    ray_version: str = Field("2.58.0", description="Ray version inside the image")
-    head_cpus: float = Field(2.0, gt=0)
-    head_memory_gib: float = Field(8.0, gt=0)
-    head_node_labels: dict[str, str] = Field(default_factory=lambda: {"pdserve.io/node-role": "system"}, description=(
-        "nodeSelector for the CPU-only head (Ray head, gateway)"))
-    shm_gib: float = Field(16.0, gt=0, description="/dev/shm per engine pod (NCCL, vLLM workers)")
-    pod_monitor: bool = Field(True, description=(
-        "render PodMonitors for the gateway's and the engines' /metrics (needs the Prometheus Operator's CRDs)"))
-    grafana_dashboard: bool = Field(True, description=(
-        "render pdserve's Grafana dashboard as a ConfigMap labelled grafana_dashboard: \"1\" for Grafana's sidecar"))
-    monitor_labels: dict[str, str] = Field(default_factory=lambda: {"release": "kube-prometheus-stack"}, description=(
-        "labels on the PodMonitors: kube-prometheus-stack's Prometheus selects only those labelled with its Helm "
-        "release (release: <release name>)"))
-    upgrade: Literal["recreate", "new_cluster"] = Field("recreate", description=(
-        "how a change of the pods (image, resources) rolls out: recreate = KubeRay's upgradeStrategy None, and "
-        "`cloud up` replaces the RayService (the engines restart; fits fixed GPU node groups); new_cluster = "
-        "KubeRay's NewCluster, which needs room for a second set of engine pods"))
-    model_cache_path: str = Field("/var/lib/pdserve/cache", description=(
-        "a directory on each GPU node (hostPath) for downloaded weights and vLLM's compile cache, so a replaced "
-        "engine pod neither downloads nor compiles again and finds the weights in the page cache; empty = none"))
-
-
-class EksSpec(_Frozen):
-    """``pdserve cloud``: the EKS cluster the Kubernetes objects run on."""
-
-    cluster_name: str = Field("pdserve", description="eksctl cluster name")
-    region: str = Field("us-west-2", description="AWS region")
-    availability_zone: str = Field("", description=(
-        "zone of the GPU node group (EFA needs one zone); empty = first zone that offers gpu_instance_type"))
-    kubernetes_version: str = Field("1.34", description="EKS control plane version (eksctl's own default)")
-    system_instance_type: str = Field("m7i.xlarge", description="CPU-only system nodes (Ray head, KubeRay)")
-    system_nodes: int = Field(1, ge=1)
-    gpu_instance_type: str = Field("g6.8xlarge", description="GPU worker nodes (one engine each)")
-    gpu_nodes: int = Field(2, ge=0)
-    efa: bool = Field(True, description="EFA on the GPU node group (eksctl efaEnabled)")
-    kuberay_version: str = Field("1.6.2", description=(
-        "KubeRay operator Helm chart version; token auth through authOptions.secretName needs 1.6 or newer"))
-    gpu_volume_gib: int = Field(200, ge=20, description="root disk per GPU node: the image and the weights")
-    ready_timeout_s: float = Field(3600.0, gt=0, description=(
-        "`cloud up` waits this long for the app to serve: image pulls and weight downloads"))
-
-
-class EngineSpec(_Frozen):
+class EngineSpec(FrozenSpec):
     """One engine to launch: its pool's settings plus what makes it unique on its host."""
 
     role: Role
@@ -422,7 +306,7 @@ class EngineSpec(_Frozen):
         return f"pdserve-{self.role.value}-{self.instance or self.index}"
 
 
-class Settings(_Frozen):
+class Settings(FrozenSpec):
     model: ModelSpec = ModelSpec()
     prefill: PoolSpec = PoolSpec()
     decode: PoolSpec = PoolSpec(base_port=DECODE_BASE_PORT)

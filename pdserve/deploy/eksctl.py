@@ -12,7 +12,8 @@ from typing import Any
 
 import yaml
 
-from pdserve.config import EksSpec, Settings
+from pdserve.cluster_config import EksSpec
+from pdserve.config import Settings
 from pdserve.deploy.rayservice import GPU_RESOURCE
 from pdserve.deploy.steps import Readiness
 from pdserve.errors import ConfigError, DeployError

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from pdserve.config import KubernetesSpec
+from pdserve.cluster_config import KubernetesSpec
 
 # KubeRay finds Ray's ports on the head by these names (its head Service, its health checks).
 RAY_HEAD_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001, "serve": 8000, "metrics": 8080}

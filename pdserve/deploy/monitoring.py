@@ -8,7 +8,8 @@ from __future__ import annotations
 from importlib import resources
 from typing import Any
 
-from pdserve.config import KubernetesSpec, Settings
+from pdserve.cluster_config import KubernetesSpec
+from pdserve.config import Settings
 from pdserve.deploy.k8s_names import (
     ENGINE_PORT_NAME,
     GATEWAY_PORT_NAME,

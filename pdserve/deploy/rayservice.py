@@ -12,7 +12,8 @@ import hashlib
 import json
 from typing import Any
 
-from pdserve.config import KubernetesSpec, PoolSpec, Settings
+from pdserve.cluster_config import KubernetesSpec
+from pdserve.config import PoolSpec, Settings
 from pdserve.deploy.k8s_names import (
     API_KEYS_SECRET_KEYS,
     ENGINE_PORT_NAME,

@@ -10,7 +10,8 @@ from typing import Any
 
 import yaml
 
-from pdserve.config import PoolSpec, RayAutoscalingSpec, Settings
+from pdserve.cluster_config import RayAutoscalingSpec
+from pdserve.config import PoolSpec, Settings
 from pdserve.role import Role
 
 IMPORT_PATH = "pdserve.ray:app"

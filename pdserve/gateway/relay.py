@@ -192,8 +192,8 @@ class Relay:
         """One chunk straight from the engine's socket to the client's, if nothing but the usual
         per-chunk work is due; False, having done nothing, sends it through ``stream``."""
         previous_s, client = self._previous_s, self._client
-        if previous_s is None or client is None or self._drop_role or ENGINE_ERROR_EVENT in chunk or (
-                self._prefill_done_s is not None) or (self._lead is not None and first_token.USAGE_MARK in chunk):
+        if previous_s is None or client is None or not self._is_steady or ENGINE_ERROR_EVENT in chunk or (
+                self._lead is not None and first_token.USAGE_MARK in chunk):
             return False
         now_s = time.perf_counter()
         if now_s > self._deadline_s or not client.write_now(chunk):
@@ -207,8 +207,8 @@ class Relay:
         """The stream to the relay thread until it gives it back, where nothing but the usual
         per-chunk work is due (as for ``push``); True once it did, its chunks accounted for here."""
         leg, client, previous_s = self._leg, self._client, self._previous_s
-        if (previous_s is None or leg is None or client is None or self._native is None or self._drop_role
-                or self._prefill_done_s is not None or (client_fd := client.idle_fd) is None):
+        if (previous_s is None or leg is None or client is None or self._native is None or not self._is_steady
+                or (client_fd := client.idle_fd) is None):
             return False
         ticket = Ticket(previous_s=previous_s, deadline_s=self._deadline_s,
                         idle_timeout_s=self._spec.decode_idle_timeout_s, watch_usage=self._lead is not None)
@@ -224,6 +224,12 @@ class Relay:
             self._sent.append(back.payload)
             self._chunks_in_thread += back.reads - 1
         return True
+
+    @property
+    def _is_steady(self) -> bool:
+        """Past the handoff, with no role event left to drop: what ``push`` and ``_hand_over`` need,
+        beside a first token out and a client socket, before chunks may skip ``stream``'s work."""
+        return not self._drop_role and self._prefill_done_s is None
 
     async def _opened(self) -> bytes | None:
         """Wait for the decode leg opening behind the lead; None once it is open, else the error

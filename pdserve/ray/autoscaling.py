@@ -11,7 +11,7 @@ from typing import Any
 
 from ray.serve.config import AutoscalingContext
 
-from pdserve.config import PoolScalingSpec
+from pdserve.cluster_config import PoolScalingSpec
 from pdserve.ray.pool_size import engine_stats, next_pool_size
 
 

@@ -15,7 +15,8 @@ from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 
-from pdserve.config import NODE_HOST, RaySpec, parse_settings
+from pdserve.cluster_config import RaySpec
+from pdserve.config import NODE_HOST, parse_settings
 from pdserve.gateway.app import build_app
 from pdserve.gateway.thread import GatewayThread
 from pdserve.ray.registry_replica import MIRROR_INTERVAL_S

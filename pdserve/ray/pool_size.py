@@ -12,7 +12,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from pdserve.config import PoolScalingSpec
+from pdserve.cluster_config import PoolScalingSpec
 from pdserve.routing.load import EngineLoad
 
 # The names an engine replica reports its load under (Serve's custom autoscaling metrics).

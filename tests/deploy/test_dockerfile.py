@@ -6,7 +6,7 @@ import itertools
 import re
 from pathlib import Path
 
-from pdserve.config import KubernetesSpec
+from pdserve.cluster_config import KubernetesSpec
 
 REPO = Path(__file__).parents[2]
 DOCKERFILE = REPO / "Dockerfile"

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import socket
 
-from pdserve.config import RaySpec, parse_settings
+from pdserve.cluster_config import RaySpec
+from pdserve.config import parse_settings
 from pdserve.deploy.serve import serve_config
 from pdserve.ray.app import app, engine_options
 from pdserve.ray.engine_replica import (

@@ -5,7 +5,8 @@ from ray.serve._private.common import DeploymentID, ReplicaID
 from ray.serve.config import AutoscalingConfig, AutoscalingContext
 from ray.serve.schema import ServeDeploySchema
 
-from pdserve.config import PoolScalingSpec, Settings, parse_settings
+from pdserve.cluster_config import PoolScalingSpec
+from pdserve.config import Settings, parse_settings
 from pdserve.deploy.serve import AUTOSCALING_POLICY, serve_config
 from pdserve.errors import ConfigError
 from pdserve.ray.app import engine_options
