@@ -14,7 +14,7 @@ import logging
 import socket
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import aiohttp
 from starlette.applications import Starlette
@@ -154,12 +154,13 @@ class Gateway:
             trace = self._tracing.request(headers, request_id=call_id, path=path)
             call = Call(path=path, body=await self._read_request(path, headers, receive), mode=mode,
                         request_id=call_id, arrived_s=time.perf_counter(), trace=trace)
-            with DisconnectGuard(receive, lost=offered(scope, "lost")):
+            connection = offered(scope)
+            with DisconnectGuard(receive, lost=connection.get("lost")):
                 async with self.admission.gateway_slot():  # held until the last byte, whatever ends it
                     reply = await self._run(call)
                     status = 200  # from here on, failures reach the client inside the stream
                     try:
-                        await _send_reply(send, reply, request_id=call_id, transport=offered(scope, "transport"))
+                        await _send_reply(send, reply, request_id=call_id, transport=connection.get("transport"))
                     finally:
                         reply.close()
         except ClientDisconnected:
@@ -366,10 +367,16 @@ async def _send_error(send: Send, error: ClientError, *, request_id: str) -> Non
     await _send_whole(send, error.status, error.body(), extra_headers=tuple(extra))
 
 
-def offered(scope: Scope, name: str) -> Any:
-    """What the server offers of the client's connection (gateway/server.py): its ``transport``, or
-    ``lost``, a future done once it is lost; None where it offers nothing."""
-    return scope.get("extensions", {}).get(TRANSPORT_EXTENSION, {}).get(name)
+class OfferedConnection(TypedDict, total=False):
+    """What gateway/server.py offers of each request's client connection, under TRANSPORT_EXTENSION."""
+
+    transport: asyncio.WriteTransport
+    lost: asyncio.Future[None]  # done once the connection is lost
+
+
+def offered(scope: Scope) -> OfferedConnection:
+    """What the server offers of the client's connection; empty where it offers nothing."""
+    return cast(OfferedConnection, scope.get("extensions", {}).get(TRANSPORT_EXTENSION, {}))
 
 
 async def _send_reply(send: Send, reply: Reply, *, request_id: str, transport: asyncio.WriteTransport | None) -> None:

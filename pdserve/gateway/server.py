@@ -14,7 +14,7 @@ import signal
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, cast
 
 import uvicorn
 import uvloop
@@ -25,7 +25,7 @@ from pdserve.access import load_access_keys
 from pdserve.config import NODE_HOST, Settings
 from pdserve.engines.members import MembersFolder
 from pdserve.errors import ConfigError, EngineStartFailed
-from pdserve.gateway.app import TRANSPORT_EXTENSION, build_app
+from pdserve.gateway.app import TRANSPORT_EXTENSION, OfferedConnection, build_app
 from pdserve.gateway.workers import SharedHealth, Worker, reuseport_socket
 from pdserve.logs import logging_off_the_loop
 
@@ -64,7 +64,7 @@ class TransportOffering(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._lost: asyncio.Future[None] = self.loop.create_future()
-        self._offer: dict[object, object] = {"transport": transport, "lost": self._lost}
+        self._offer: OfferedConnection = {"transport": transport, "lost": self._lost}
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -73,7 +73,7 @@ class TransportOffering(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self.scope["extensions"] = {TRANSPORT_EXTENSION: self._offer}
+        self.scope["extensions"] = {TRANSPORT_EXTENSION: cast("dict[object, object]", self._offer)}  # uvicorn's type
 
 
 def make_server(app: ASGIApp, *, host: str, port: int, handle_signals: bool = False) -> uvicorn.Server:

@@ -18,7 +18,7 @@ async def test_the_app_is_offered_the_client_transport_and_bytes_written_to_it_a
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        transport = offered(scope, "transport")
+        transport = offered(scope).get("transport")
         transports.append(transport)
         await send({"type": "http.response.start", "status": 200, "headers": []})
         assert transport is not None
