@@ -111,7 +111,7 @@ class GatewayWorkers:
         self._settings, self._members, self._handle_signals = settings, members, handle_signals
         self.started = False
         self._exit = asyncio.Event()  # set by should_exit, a signal, or a worker's exit: no polling while serving
-        self._exited: list[multiprocessing.process.BaseProcess] = []
+        self._exited: multiprocessing.process.BaseProcess | None = None  # the worker that ended on its own
 
     @property
     def should_exit(self) -> bool:
@@ -145,8 +145,7 @@ class GatewayWorkers:
                 self.started = all((run_dir / f"ready-{index}").exists() for index in range(spec.workers))
                 await asyncio.sleep(0.1)
             await self._exit.wait()
-            if self._exited:
-                exited = self._exited[0]
+            if (exited := self._exited) is not None:
                 raise EngineStartFailed(f"gateway worker {exited.name} exited ({exited.exitcode}); "
                                         f"is {spec.host}:{spec.port} taken?")
         finally:
@@ -157,8 +156,8 @@ class GatewayWorkers:
 
     def _on_exit(self, process: multiprocessing.process.BaseProcess) -> None:
         asyncio.get_running_loop().remove_reader(process.sentinel)
-        if not self.should_exit:  # not one we are stopping
-            self._exited.append(process)
+        if not self.should_exit:  # not one we are stopping; the first such exit stops the rest
+            self._exited = process
             self._exit.set()
 
 
