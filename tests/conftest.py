@@ -21,19 +21,26 @@ def free_port() -> int:
         return port
 
 
+_HANDED_OUT: set[int] = set()  # every port free_port_block gave in this session
+
+
 def free_port_block(count: int) -> int:
-    """The first of ``count`` consecutive free ports (engines use base_port + index).
+    """The first of ``count`` consecutive free ports (engines use base_port + index), none of them
+    handed out before in this session: a block is often bound only later (Ray checks that no two of
+    one node's ports meet, parameter.py ``_check_usage``, and a head's GCS port once fell inside the
+    worker-port range picked next for it).
 
     Between Ray's worker ports and the kernel's ephemeral range: vLLM binds its internal sockets to
     ports the kernel picks from that range while engines start, and one once took a port given to a
     NIXL side channel.
     """
     low, _ = (int(part) for part in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    for _ in range(200):
-        base = random.randrange(20000, low - count)  # Ray's workers take 10002-19999 by default
-        if all(_is_free(base + offset) for offset in range(count)):
+    for _ in range(1000):
+        block = range(base := random.randrange(20000, low - count), base + count)  # Ray's workers: 10002-19999
+        if _HANDED_OUT.isdisjoint(block) and all(_is_free(port) for port in block):
+            _HANDED_OUT.update(block)
             return base
-    raise RuntimeError(f"no {count} consecutive free ports below {low}")
+    raise RuntimeError(f"no {count} consecutive free ports below {low} not handed out already")
 
 
 def _is_free(port: int) -> bool:

@@ -52,6 +52,15 @@ class FakeEngine:
         ]
         return Starlette(routes=routes)
 
+    async def closed_early_within(self, seconds: float = 2.5) -> int:
+        """``streams_closed_early`` once one was, or after ``seconds``: the server sees a connection
+        the gateway closed a few loop turns later, and the stream ends at its next await."""
+        for _ in range(int(seconds / 0.02)):
+            if self.streams_closed_early:
+                break
+            await asyncio.sleep(0.02)
+        return self.streams_closed_early
+
     async def _models(self, _request: Request) -> Response:
         self.models_requests += 1
         if self.model_card is None:

@@ -33,7 +33,7 @@ from pdserve.gateway.admission import Admission
 from pdserve.gateway.call import Call, Reply
 from pdserve.gateway.client_errors import ClientError, client_error
 from pdserve.gateway.disconnect import ClientDisconnected, DisconnectGuard
-from pdserve.gateway.engine_rows import engine_rows, rows_json, with_leg_counts
+from pdserve.gateway.engine_rows import EngineRow, engine_rows, rows_json, with_leg_counts
 from pdserve.gateway.handoffs import Handoffs
 from pdserve.gateway.kv_monitor import KVMonitor
 from pdserve.gateway.metrics import GatewayMetrics
@@ -213,8 +213,10 @@ class Gateway:
         is_ready = all(counts.values())
         body: dict[str, Any] = {"status": "ok" if is_ready else "degraded", "healthy_engines": counts}
         if self.keys.grant(_authorization(request)) >= Access.ADMIN:
+            in_flight = {(row.role, row.url): row.in_flight for row in await self._engine_rows()}
             body["engines"] = {role.value: [
-                {"url": endpoint.url, "is_healthy": endpoint.is_healthy, "in_flight": endpoint.in_flight,
+                {"url": endpoint.url, "is_healthy": endpoint.is_healthy,
+                 "in_flight": in_flight.get((role, endpoint.url), endpoint.in_flight),
                  "kv_path": dataclasses.asdict(endpoint.kv_path)}
                 for endpoint in self.pool.all(role)] for role in Role}
         return Response(json.dumps(body), status_code=200 if is_ready else 503, media_type=JSON)
@@ -222,10 +224,15 @@ class Gateway:
     async def engines(self, request: Request) -> Response:
         """Every engine's health, load and legs, for the admin only (``pdserve status``)."""
         self.authorize(_authorization(request), Access.ADMIN)
+        return Response(json.dumps(rows_json(await self._engine_rows())), media_type=JSON)
+
+    async def _engine_rows(self) -> list[EngineRow]:
+        """One row per engine, with the legs of the whole gateway: each of gateway.workers counts
+        only its own, and their /metrics summed count all."""
         rows = engine_rows(self.pool, now_s=time.monotonic(), max_age_s=self.settings.routing.load_max_age_s)
-        if self._worker is not None:  # each worker counts its own legs; their /metrics summed count all
+        if self._worker is not None:
             rows = with_leg_counts(rows, (await self._worker.gather_metrics(self.metrics.render())).decode())
-        return Response(json.dumps(rows_json(rows)), media_type=JSON)
+        return rows
 
     async def scale(self, request: Request) -> Response:
         """GET: the engines `pdserve up` launched, with their states; POST ``{"prefill": N, "decode": M}``:

@@ -37,7 +37,12 @@ class LocalCluster:
     env: dict[str, str]  # what every client of this cluster needs: the token
 
     def ray(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([RAY, *args], env=self.env, capture_output=True, text=True, check=check, timeout=120)
+        """``ray *args``; with ``check``, a failure raises with what Ray printed, which says why."""
+        result = subprocess.run([RAY, *args], env=self.env, capture_output=True, text=True, check=False, timeout=120)
+        if check and result.returncode != 0:
+            raise AssertionError(f"ray {' '.join(args[:2])} exited {result.returncode}:\n"
+                                 f"{(result.stdout + result.stderr)[-3000:]}")
+        return result
 
     def running_replicas(self, app_name: str) -> dict[str, list[dict[str, Any]]]:
         """Ray's own view of an application: each deployment's running replicas (node_ip, pid, ...)."""

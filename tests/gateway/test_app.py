@@ -204,11 +204,7 @@ async def test_client_disconnect_aborts_decode_stream(gateway: str, engine: tupl
         reply = await session.post(gateway + "/v1/completions", json={"model": MODEL, "prompt": "hi", "stream": True})
         await reply.content.readany()
         reply.close()
-    for _ in range(50):
-        if fake.streams_closed_early:
-            break
-        await asyncio.sleep(0.05)
-    assert fake.streams_closed_early == 1
+    assert await fake.closed_early_within() == 1
 
 
 async def test_metrics_count_requests_ttft_and_tokens(gateway: str, engine: tuple[FakeEngine, str]) -> None:

@@ -207,12 +207,9 @@ async def test_a_request_past_its_deadline_is_aborted_on_the_engine() -> None:
     async with gateway_over([prefill], [decode], request_timeout_s=0.5) as base:
         decode.token_delay_s = 0.2
         status, payload = await post(base, {"model": MODEL, "prompt": "hi", "stream": True})
-        for _ in range(50):
-            if decode.streams_closed_early:
-                break
-            await asyncio.sleep(0.02)
+        closed_early = await decode.closed_early_within()
     assert status == 200 and b"request_timeout" in payload and payload.endswith(b"data: [DONE]\n\n")
-    assert decode.streams_closed_early == 1
+    assert closed_early == 1
 
 
 async def test_a_decode_engine_that_never_starts_its_stream_times_out_at_the_first_token_deadline() -> None:

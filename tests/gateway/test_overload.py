@@ -200,4 +200,4 @@ async def test_a_client_gone_midway_through_a_stream_releases_every_slot(engine:
             await reply.content.readany()
             reply.close()
         await assert_idle(base)
-        assert fake.streams_closed_early == 1
+        assert await fake.closed_early_within() == 1

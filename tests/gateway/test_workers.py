@@ -16,7 +16,7 @@ from tests.fake_engine import FakeEngine
 STREAMS = 16
 
 
-async def test_two_workers_serve_one_port_and_metrics_sum_both() -> None:
+async def test_two_workers_serve_one_port_and_metrics_and_health_count_both() -> None:
     engine = FakeEngine(token_delay_s=0.2)  # each stream lasts ~1 s: all are open at once
     async with serving(engine.app(), free_port()) as engine_url:
         port = free_port()
@@ -36,9 +36,11 @@ async def test_two_workers_serve_one_port_and_metrics_sum_both() -> None:
             streams = [asyncio.create_task(stream()) for _ in range(STREAMS)]
             await asyncio.sleep(0.5)
             serving_pids = {pid for pid, connections in _connections_on(port).items() if connections}
+            decode_legs = [await _decode_in_flight(base_url) for _ in range(6)]  # whichever worker answers
             texts = await asyncio.gather(*streams)
             assert all("[DONE]" in text for text in texts)
             assert len(serving_pids) == 2, "the kernel spread the clients over both workers"
+            assert decode_legs == [STREAMS] * 6, "/health counts the legs of both workers"
 
             async with httpx.AsyncClient(timeout=10) as client:
                 metrics = (await client.get(f"{base_url}/metrics")).text
@@ -65,6 +67,12 @@ async def test_a_worker_that_dies_stops_the_others_and_the_group_says_which() ->
             workers.should_exit = True
             await asyncio.gather(task, return_exceptions=True)
     assert not _gateway_workers()
+
+
+async def _decode_in_flight(base_url: str) -> int:
+    async with httpx.AsyncClient(timeout=10) as client:  # a new connection: either worker may take it
+        engines = (await client.get(f"{base_url}/health")).json()["engines"]
+    return sum(engine["in_flight"] for engine in engines["decode"])
 
 
 def _two_workers(engine_url: str, port: int) -> Settings:
