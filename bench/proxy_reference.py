@@ -35,7 +35,7 @@ import psutil
 
 from pdserve.bench.cpu import CpuMeter, with_descendants
 from pdserve.bench.load_processes import LoadProcesses
-from pdserve.bench.overhead import OverheadPlan, OverheadResult, measure_paths
+from pdserve.bench.overhead import RELAY_THREADS, OverheadPlan, OverheadResult, measure_paths
 from pdserve.bench.prompts import WordPrompts
 from pdserve.bench.runner import Target
 from pdserve.bench.services import child_service, free_port, serve_flags, synthetic_engines
@@ -93,7 +93,8 @@ async def main(args: argparse.Namespace) -> None:
         loadgen = [psutil.Process(), *load.processes]
         direct = Target("direct", tuple(engine_urls))
         targets = [direct, *(Target(name, (url,)) for name, (url, _) in proxies.items())]
-        meters = {name: CpuMeter({"gateway": processes, "upstream": engines, "loadgen": loadgen})
+        meters = {name: CpuMeter({"gateway": processes, "upstream": engines, "loadgen": loadgen},
+                                 named_threads=RELAY_THREADS)
                   for name, (_, processes) in proxies.items()}
         meters["direct"] = CpuMeter({"gateway": [], "upstream": engines, "loadgen": loadgen})
         for streams in levels:

@@ -161,7 +161,8 @@ def overhead(
     generator and the synthetic engines run in as many processes as the streams need.
 
     The last line printed is one JSON object: per point ttft_p50_added_ms, itl_p99_added_ms,
-    throughput_ratio, gateway_cpu_us_per_chunk, cores busy; and knee_streams.
+    throughput_ratio, gateway_cpu_us_per_chunk (relay_thread_cpu_us_per_chunk: the part its relay threads
+    used), cores busy; and knee_streams.
     """
     from pdserve.bench.hosts import Hosts
     from pdserve.bench.load_processes import default_load_processes

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
@@ -24,6 +25,26 @@ def cpu_seconds(processes: Sequence[psutil.Process]) -> float:
     return total
 
 
+def thread_seconds(process: psutil.Process, name: str | None) -> float:
+    """User + system CPU seconds of ``process``'s threads called ``name`` (Linux: /proc/PID/task/TID/comm);
+    nothing when ``name`` is None or the process has exited."""
+    if name is None:
+        return 0.0
+    total = 0.0
+    try:
+        threads = process.threads()
+    except psutil.NoSuchProcess:
+        return 0.0
+    for thread in threads:
+        try:
+            is_named = Path(f"/proc/{process.pid}/task/{thread.id}/comm").read_text().strip() == name
+        except OSError:  # the thread ended since
+            continue
+        if is_named:
+            total += thread.user_time + thread.system_time
+    return total
+
+
 def with_descendants(process: psutil.Process) -> list[psutil.Process]:
     """``process`` and every process under it now (a gateway and its workers)."""
     return [process, *process.children(recursive=True)]
@@ -35,12 +56,20 @@ class CpuMeter:
     the parent of the services it measures, so its group is itself and its load processes.
     """
 
-    def __init__(self, groups: Mapping[str, Sequence[psutil.Process]]) -> None:
+    def __init__(self, groups: Mapping[str, Sequence[psutil.Process]], *,
+                 named_threads: Mapping[str, tuple[str, str | None]] | None = None) -> None:
+        """``named_threads``: more groups, each the threads of one name in another group's processes,
+        as ``{group: (of_group, thread_name)}`` (the gateway's relay threads: part of its CPU, told apart)."""
         self._groups = {name: list(processes) for name, processes in groups.items()}
+        self._named_threads = dict(named_threads or {})
 
     def read(self) -> dict[str, tuple[float, ...]]:
-        """CPU seconds so far of each process, by group name."""
-        return {name: tuple(cpu_seconds([process]) for process in processes) for name, processes in self._groups.items()}
+        """CPU seconds so far of each process (or of its named threads), by group name."""
+        readings = {name: tuple(cpu_seconds([process]) for process in processes)
+                    for name, processes in self._groups.items()}
+        for name, (of_group, thread_name) in self._named_threads.items():
+            readings[name] = tuple(thread_seconds(process, thread_name) for process in self._groups[of_group])
+        return readings
 
 
 @dataclass(frozen=True, slots=True)

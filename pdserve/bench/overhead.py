@@ -34,11 +34,13 @@ from pdserve.bench.stats import Slo, Summary, Window, summarize
 from pdserve.bench.workload import Lengths, synthetic
 from pdserve.config import DEMO_MODEL_NAME
 from pdserve.errors import BenchFailed
+from pdserve.pd import native_relay
 
 GOAL_TTFT_P50_ADDED_MS = 2.0
 GOAL_ITL_P99_ADDED_MS = 5.0
 GOAL_THROUGHPUT_RATIO = 0.97
-PROCESSES = ("gateway", "upstream", "loadgen")
+# The gateway processes' relay threads, counted apart too: per chunk they do what a compiled proxy does.
+RELAY_THREADS = {"relay_thread": ("gateway", native_relay.THREAD_NAME)}
 _PROMPT_TOKENS = 64
 _WARM_UP_S = 2.0
 _STREAMS_PER_UPSTREAM = 512
@@ -75,7 +77,8 @@ class PathCpu:
     requests: int  # sent inside the windows
 
     def us_per_chunk(self, process: str) -> float | None:
-        return per_item_us(self.uses[process].seconds, self.chunks)
+        """None also where the part was not measured (``relay_thread`` without RELAY_THREADS)."""
+        return per_item_us(self.uses[process].seconds, self.chunks) if process in self.uses else None
 
     def us_per_request(self, process: str) -> float | None:
         return per_item_us(self.uses[process].seconds, self.requests)
@@ -116,6 +119,7 @@ class OverheadResult:
                 "throughput_ratio": round(self.throughput_ratio, 4), "meets_goal": self.meets_goal,
                 "gateway_cpu_us_per_chunk": _rounded(cpu.us_per_chunk("gateway")),
                 "gateway_cpu_us_per_request": _rounded(cpu.us_per_request("gateway")),
+                "relay_thread_cpu_us_per_chunk": _rounded(cpu.us_per_chunk("relay_thread")),
                 "cores": {path: {name: round(use.cores, 3) for name, use in path_cpu.uses.items()}
                           for path, path_cpu in (("direct", self.direct_cpu), ("gateway", cpu))},
                 "busiest_process_cores": {
@@ -134,7 +138,9 @@ class OverheadResult:
         per_chunk, per_request = cpu.us_per_chunk("gateway"), cpu.us_per_request("gateway")
         cores = ", ".join(f"{name} {use.cores:.2f} (busiest process {use.busiest_cores:.2f})"
                           for name, use in cpu.uses.items())
-        return (f"gateway CPU {per_chunk or 0:.1f} us per relayed chunk, {per_request or 0:.0f} us per request "
+        in_thread = cpu.us_per_chunk("relay_thread")
+        of_it = f" ({in_thread:.1f} in its relay threads)" if in_thread else ""
+        return (f"gateway CPU {per_chunk or 0:.1f} us per relayed chunk{of_it}, {per_request or 0:.0f} us per request "
                 f"({cpu.chunks / cpu.uses['gateway'].window_s:.0f} chunks/s); cores busy through the gateway: "
                 f"{cores}; direct: upstream {direct.uses['upstream'].cores:.2f}, "
                 f"loadgen {direct.uses['loadgen'].cores:.2f}")
@@ -182,7 +188,7 @@ async def measure_sweep(
             _upstreams_and_gateways(plan, log_dir=log_dir) as (direct, gateway, services),
             LoadProcesses(plan.load_processes, requests) as load,
         ):
-            meter = CpuMeter({**services, "loadgen": [psutil.Process(), *load.processes]})
+            meter = CpuMeter({**services, "loadgen": [psutil.Process(), *load.processes]}, named_threads=RELAY_THREADS)
             warm_up = dataclasses.replace(plan, streams=min(levels))
             for target in (direct, gateway):  # connections and code paths warm, then measure
                 await _window(load, target, plan=warm_up, steady_s=_WARM_UP_S, meter=meter)
@@ -234,7 +240,7 @@ async def measure_paths(
         if summary.ttft_ms is None or summary.itl_ms is None:
             raise BenchFailed(f"{name}: no request streamed tokens ({summary.errors} errors: {summary.top_errors}); "
                               f"logs in {log_dir}")
-        cpu = PathCpu(uses={process: summed([use[process] for use in uses[name]]) for process in PROCESSES},
+        cpu = PathCpu(uses={process: summed([use[process] for use in uses[name]]) for process in uses[name][0]},
                       chunks=chunks_in(path_records, windows[name]), requests=summary.requests)
         paths[name] = (summary, cpu)
     return paths

@@ -36,6 +36,7 @@
 
 enum { END, HANDBACK, ENGINE_LOST, CLIENT_BLOCKED, IDLE };
 
+#define THREAD_NAME "pdserve-relay"   /* what top -H and /proc/PID/task/TID/comm show; 15 bytes at most */
 #define READ_BYTES 65536
 #define MAX_CHUNK_HEADER 4096   /* a size line longer than this is not vLLM's framing: Python judges it */
 #define IDLE_SWEEP_S 0.1
@@ -348,6 +349,7 @@ static int Relay_init(Relay *self, PyObject *args, PyObject *kwds) {
         PyErr_SetFromErrno(PyExc_OSError);
         return -1;
     }
+    pthread_setname_np(self->thread, THREAD_NAME);  /* a name only: nothing depends on it taking */
     self->is_started = 1;
     return 0;
 }
@@ -495,7 +497,8 @@ PyMODINIT_FUNC PyInit__chunk_relay(void) {
         || PyModule_AddIntConstant(created, "END", END) < 0 || PyModule_AddIntConstant(created, "HANDBACK", HANDBACK) < 0
         || PyModule_AddIntConstant(created, "ENGINE_LOST", ENGINE_LOST) < 0
         || PyModule_AddIntConstant(created, "CLIENT_BLOCKED", CLIENT_BLOCKED) < 0
-        || PyModule_AddIntConstant(created, "IDLE", IDLE) < 0) {
+        || PyModule_AddIntConstant(created, "IDLE", IDLE) < 0
+        || PyModule_AddStringConstant(created, "THREAD_NAME", THREAD_NAME) < 0) {
         Py_DECREF(created);
         return NULL;
     }

@@ -7,6 +7,7 @@ HANDBACK: int
 ENGINE_LOST: int
 CLIENT_BLOCKED: int
 IDLE: int
+THREAD_NAME: str
 
 class Relay:
     def __init__(self, wake_fd: int, bounds_s: Sequence[float]) -> None: ...

@@ -29,6 +29,9 @@ except ImportError as exc:  # an install without a C compiler: setup.py marks th
     _chunk_relay = None  # type: ignore[assignment]
     _MISSING = str(exc)
 
+# The relay thread's name, as `top -H` shows it and the benchmarks count its CPU (bench/cpu.py); None: no thread.
+THREAD_NAME: str | None = None if _chunk_relay is None else _chunk_relay.THREAD_NAME
+
 
 class Ending(enum.IntEnum):
     """Why the thread gave a stream back (the C module's constants)."""

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import ctypes
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from pdserve.bench.stats import Summary, Window
 from pdserve.bench.upstream import Pace, serving_upstream
 from pdserve.bench.workload import Lengths, synthetic
 from pdserve.config import DEMO_MODEL_NAME
+from pdserve.pd import native_relay
 
 
 def test_knee_is_the_highest_count_before_the_first_miss() -> None:
@@ -79,6 +82,39 @@ def test_meter_reads_the_process_own_counters() -> None:
         pass
     used_s = meter.read()["loadgen"][0] - before["loadgen"][0]
     assert 0.15 <= used_s < 1.0
+
+
+PR_SET_NAME = 15  # linux/prctl.h
+
+
+def test_meter_counts_named_threads_apart_as_a_group_of_their_own() -> None:
+    """The gateway's relay threads are told apart by name, as `top -H` shows them (bench/cpu.py)."""
+    def spin() -> None:
+        ctypes.CDLL(None).prctl(PR_SET_NAME, b"spinning-test", 0, 0, 0)  # names the calling thread
+        deadline_s = time.thread_time() + 0.3
+        while time.thread_time() < deadline_s:
+            pass
+
+    meter = CpuMeter({"this": [psutil.Process()]}, named_threads={
+        "spinning": ("this", "spinning-test"), "relay": ("this", native_relay.THREAD_NAME), "none": ("this", None)})
+    before = meter.read()
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    time.sleep(0.2)  # read while the thread still runs: an ended thread's time is not in /proc/PID/task
+    during = meter.read()
+    spinner.join()
+    assert 0.1 <= during["spinning"][0] - before["spinning"][0] < 1.0
+    assert during["relay"] == during["none"] == (0.0,)  # no relay thread here, and no name asked for
+
+
+async def test_the_relay_thread_carries_its_name() -> None:
+    relay = native_relay.start((0.01,), enabled=True)
+    assert relay is not None, "the C relay is built by make setup"
+    try:
+        names = [path.read_text().strip() for path in Path("/proc/self/task").glob("*/comm")]
+    finally:
+        relay.close()
+    assert names.count(native_relay.THREAD_NAME) == 1
 
 
 def test_meter_counts_a_child_only_where_it_is_listed() -> None:
