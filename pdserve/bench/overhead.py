@@ -137,7 +137,7 @@ class OverheadResult:
         cpu, direct = self.gateway_cpu, self.direct_cpu
         per_chunk, per_request = cpu.us_per_chunk("gateway"), cpu.us_per_request("gateway")
         cores = ", ".join(f"{name} {use.cores:.2f} (busiest process {use.busiest_cores:.2f})"
-                          for name, use in cpu.uses.items())
+                          for name, use in cpu.uses.items() if name not in RELAY_THREADS)  # in the gateway's
         in_thread = cpu.us_per_chunk("relay_thread")
         of_it = f" ({in_thread:.1f} in its relay threads)" if in_thread else ""
         return (f"gateway CPU {per_chunk or 0:.1f} us per relayed chunk{of_it}, {per_request or 0:.0f} us per request "
