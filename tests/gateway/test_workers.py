@@ -17,7 +17,7 @@ STREAMS = 16
 
 
 async def test_two_workers_serve_one_port_and_metrics_and_health_count_both() -> None:
-    engine = FakeEngine(token_delay_s=0.2)  # each stream lasts ~1 s: all are open at once
+    engine = FakeEngine(token_delay_s=0.3)  # each stream lasts ~1.5 s: all are open at once
     async with serving(engine.app(), free_port()) as engine_url:
         port = free_port()
         settings = _two_workers(engine_url, port)
@@ -35,8 +35,8 @@ async def test_two_workers_serve_one_port_and_metrics_and_health_count_both() ->
 
             streams = [asyncio.create_task(stream()) for _ in range(STREAMS)]
             await asyncio.sleep(0.5)
-            serving_pids = {pid for pid, connections in _connections_on(port).items() if connections}
             decode_legs = [await _decode_in_flight(base_url) for _ in range(6)]  # whichever worker answers
+            serving_pids = {pid for pid, connections in _connections_on(port).items() if connections}
             texts = await asyncio.gather(*streams)
             assert all("[DONE]" in text for text in texts)
             assert len(serving_pids) == 2, "the kernel spread the clients over both workers"
