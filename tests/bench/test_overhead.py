@@ -89,21 +89,27 @@ PR_SET_NAME = 15  # linux/prctl.h
 
 def test_meter_counts_named_threads_apart_as_a_group_of_their_own() -> None:
     """The gateway's relay threads are told apart by name, as `top -H` shows them (bench/cpu.py)."""
-    def spin() -> None:
+    spun, stop = threading.Event(), threading.Event()
+
+    def spin() -> None:  # until read: an ended thread's time is no longer in /proc/PID/task
         ctypes.CDLL(None).prctl(PR_SET_NAME, b"spinning-test", 0, 0, 0)  # names the calling thread
-        deadline_s = time.thread_time() + 0.3
-        while time.thread_time() < deadline_s:
-            pass
+        started_s = time.thread_time()
+        while not stop.is_set():
+            if time.thread_time() - started_s >= 0.2:
+                spun.set()
 
     meter = CpuMeter({"this": [psutil.Process()]}, named_threads={
         "spinning": ("this", "spinning-test"), "relay": ("this", native_relay.THREAD_NAME), "none": ("this", None)})
     before = meter.read()
     spinner = threading.Thread(target=spin)
     spinner.start()
-    time.sleep(0.2)  # read while the thread still runs: an ended thread's time is not in /proc/PID/task
-    during = meter.read()
-    spinner.join()
-    assert 0.1 <= during["spinning"][0] - before["spinning"][0] < 1.0
+    try:
+        assert spun.wait(30), "the thread never ran 0.2 s"
+        during = meter.read()
+    finally:
+        stop.set()
+        spinner.join()
+    assert during["spinning"][0] - before["spinning"][0] >= 0.2
     assert during["relay"] == during["none"] == (0.0,)  # no relay thread here, and no name asked for
 
 
