@@ -220,7 +220,9 @@ def decode_requests(url: str) -> float:
 def stream_events(url: str, *, flowing: threading.Event) -> list[str]:
     """One greedy streamed completion through the gateway at ``url``: its SSE events, as far as they
     came (a connection the gateway's death broke ends the list); sets ``flowing`` at the fifth."""
-    body = {"model": DEMO_MODEL_NAME, "prompt": "A long story about sockets:", "max_tokens": 200, "temperature": 0,
+    # Long enough to outlast the wait for the slowest of 8 clients: on 2 busy cores a client thread can
+    # read its fifth event seconds after the others (docs/reliability.md, "Three engines on 2 cores").
+    body = {"model": DEMO_MODEL_NAME, "prompt": "A long story about sockets:", "max_tokens": 1500, "temperature": 0,
             "ignore_eos": True, "stream": True}
     events: list[str] = []
     try:
