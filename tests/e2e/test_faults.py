@@ -172,9 +172,9 @@ def streams_through_a_fault(stack: Stack, *, kill: bool, count: int = 4,
     a whole generation at once) must still complete, and the next one tries again.
 
     Stopped first, an engine finishes nothing more: the streams the gateway still counts on it a moment
-    later are ones it holds unfinished, whatever a client has read (a client thread the GIL holds back
-    on a busy machine reads seconds late, when its engine may be done and the rest waits in socket
-    buffers). Past their first token, they move once silent for decode_idle_timeout_s."""
+    later are ones it holds unfinished, whatever a client has read (on a busy machine a client reads
+    seconds behind, when its engine may be done and the rest waits in socket buffers). Past their
+    first token, they move once silent for decode_idle_timeout_s."""
     for _ in range(batches):
         handoffs_before = gateway_metric(stack, KV_HANDOFFS)
         with ThreadPoolExecutor(count) as pool:
