@@ -203,9 +203,13 @@ def _stop_an_engine_holding_streams(stack: Stack, futures: list[Future[StreamRes
         if legs[url] and gateway_metric(stack, KV_HANDOFFS) >= first_tokens:
             process = engine_process(url)
             process.send_signal(signal.SIGSTOP)
-            time.sleep(SETTLE_S)
-            if held := decode_in_flight(stack)[url]:
-                return Fault(url, process, held)
+            try:
+                time.sleep(SETTLE_S)
+                if held := decode_in_flight(stack)[url]:
+                    return Fault(url, process, held)
+            except BaseException:
+                process.send_signal(signal.SIGCONT)
+                raise
             process.send_signal(signal.SIGCONT)
         time.sleep(0.05)
     return None
