@@ -111,13 +111,12 @@ async def main(args: argparse.Namespace) -> None:
 
 @contextlib.asynccontextmanager
 async def _nginx(args: argparse.Namespace, engine_urls: list[str]) -> AsyncIterator[tuple[str, list[psutil.Process]]]:
-    nginx = args.nginx or shutil.which("nginx") or "/usr/sbin/nginx"
     port = free_port()
     servers = "\n".join(f"        server {url.removeprefix('http://')};" for url in engine_urls)
     with tempfile.TemporaryDirectory(prefix="pdserve-nginx-") as folder:
         conf = Path(folder) / "nginx.conf"
         conf.write_text(_NGINX_CONF.format(workers=args.workers, folder=folder, servers=servers, port=port))
-        argv = [nginx, "-p", folder, "-e", f"{folder}/error.log", "-c", str(conf)]
+        argv = [args.nginx, "-p", folder, "-e", f"{folder}/error.log", "-c", str(conf)]
         async with child_service(argv, ready_url=f"http://127.0.0.1:{port}/health",
                                  log_path=args.logs / "nginx.log") as process:
             yield f"http://127.0.0.1:{port}", with_descendants(psutil.Process(process.pid))
@@ -147,4 +146,9 @@ if __name__ == "__main__":
     parser.add_argument("--output-tokens", type=int, default=256, help="tokens per reply: fewer weighs each request's own cost more per chunk")
     parser.add_argument("--nginx", default=None, help="the nginx binary (default: on PATH, else /usr/sbin/nginx)")
     parser.add_argument("--logs", type=Path, default=Path(".pdserve/proxy-reference"))
-    asyncio.run(main(parser.parse_args()))
+    arguments = parser.parse_args()
+    arguments.nginx = arguments.nginx or shutil.which("nginx") or "/usr/sbin/nginx"
+    if not os.access(arguments.nginx, os.X_OK):  # before any engine starts, not as a traceback from inside a window
+        parser.exit(2, f"error: no nginx at {arguments.nginx}: install Debian's (apt-get install nginx-light) "
+                       "or pass --nginx PATH\n")
+    asyncio.run(main(arguments))
