@@ -144,10 +144,10 @@ if __name__ == "__main__":
     parser.add_argument("--load-processes", type=int, default=1, help="load generator processes")
     parser.add_argument("--upstreams", type=int, default=1, help="synthetic engine processes")
     parser.add_argument("--output-tokens", type=int, default=256, help="tokens per reply: fewer weighs each request's own cost more per chunk")
-    parser.add_argument("--nginx", default=None, help="the nginx binary (default: on PATH, else /usr/sbin/nginx)")
+    parser.add_argument("--nginx", default=shutil.which("nginx") or "/usr/sbin/nginx",
+                        help="the nginx binary (default: on PATH, else /usr/sbin/nginx)")
     parser.add_argument("--logs", type=Path, default=Path(".pdserve/proxy-reference"))
     arguments = parser.parse_args()
-    arguments.nginx = arguments.nginx or shutil.which("nginx") or "/usr/sbin/nginx"
     if not os.access(arguments.nginx, os.X_OK):  # before any engine starts, not as a traceback from inside a window
         parser.exit(2, f"error: no nginx at {arguments.nginx}: install Debian's (apt-get install nginx-light) "
                        "or pass --nginx PATH\n")
