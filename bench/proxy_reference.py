@@ -106,7 +106,21 @@ async def main(args: argparse.Namespace) -> None:
                                         direct_cpu=paths["direct"][1], gateway_cpu=paths[name][1])
                 points.append(result)
                 print(f"  {name:<13} {result.verdict()}\n  {'':<13} {result.cpu_line()}", flush=True)
+            print(f"  {_against_nginx(results['pdserve-pd'][-1], results['nginx'][-1])}", flush=True)
     print(json.dumps({name: [result.figures() for result in points] for name, points in results.items()}))
+
+
+GOAL_TTFT_P50_ABOVE_NGINX_MS = 1.5
+GOAL_CPU_PER_CHUNK_OF_NGINX = 1.4
+
+
+def _against_nginx(pd: OverheadResult, nginx: OverheadResult) -> str:
+    """Issue #26's bar, read off one point so that no one works it out by hand from the lines above."""
+    ttft_above = pd.ttft_p50_added_ms - nginx.ttft_p50_added_ms
+    cpu_ratio = (pd.gateway_cpu.us_per_chunk("gateway") or 0) / (nginx.gateway_cpu.us_per_chunk("gateway") or 1)
+    met = ttft_above <= GOAL_TTFT_P50_ABOVE_NGINX_MS and cpu_ratio <= GOAL_CPU_PER_CHUNK_OF_NGINX
+    return (f"pdserve-pd against nginx: {ttft_above:+.2f} ms TTFT p50, {cpu_ratio:.2f}x its CPU per chunk (goal: <= "
+            f"{GOAL_TTFT_P50_ABOVE_NGINX_MS:g} ms, <= {GOAL_CPU_PER_CHUNK_OF_NGINX:g}x: {'met' if met else 'NOT met'})")
 
 
 @contextlib.asynccontextmanager
