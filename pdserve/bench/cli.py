@@ -166,7 +166,14 @@ def overhead(
     """
     from pdserve.bench.hosts import Hosts
     from pdserve.bench.load_processes import default_load_processes
-    from pdserve.bench.overhead import OverheadPlan, default_upstreams, knee_streams, measure_sweep, saturated
+    from pdserve.bench.overhead import (
+        OverheadPlan,
+        default_upstreams,
+        knee_streams,
+        measure_sweep,
+        missed_with_room,
+        saturated,
+    )
 
     levels = _checked(lambda: _stream_levels(streams))
     hosts = None if cores_per_gateway is None else _checked(lambda: Hosts.split(
@@ -193,6 +200,10 @@ def overhead(
         _say("  " + result.cpu_line())
         if busy := saturated(result):
             _say(f"  WARNING: {', '.join(busy)} kept a core busy: this point measures them, not the gateway")
+        elif (busiest := missed_with_room(result)) is not None:
+            _say(f"  WARNING: missed with the gateway's busiest process only {busiest:.2f} of a core busy: a stall "
+                 "set this point, not its cores filling; look for one in the machine (steal time, other tenants) "
+                 "and in the gateway's log before reading this as its knee")
     knee = knee_streams([(result.streams, result.meets_goal) for result in results])
     _say(f"knee: all three goals held up to {knee} streams" if knee else "knee: goals missed at the lowest level")
     print(json.dumps({"points": [result.figures() for result in results], "knee_streams": knee}), flush=True)

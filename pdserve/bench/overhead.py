@@ -29,7 +29,7 @@ from pdserve.bench.hosts import Hosts, confined
 from pdserve.bench.load_processes import LoadProcesses
 from pdserve.bench.prompts import WordPrompts
 from pdserve.bench.records import RequestRecord
-from pdserve.bench.services import child_service, free_port, serve_flags, synthetic_engines
+from pdserve.bench.services import BENCH_GATEWAY_ENV, child_service, free_port, serve_flags, synthetic_engines
 from pdserve.bench.stats import Slo, Summary, Window, summarize
 from pdserve.bench.workload import Lengths, synthetic
 from pdserve.config import DEMO_MODEL_NAME
@@ -174,6 +174,17 @@ def saturated(result: OverheadResult, *, busy_cores: float = 0.9) -> list[str]:
                    for name, use in path.uses.items() if name != "gateway" and use.busiest_cores >= busy_cores})
 
 
+def missed_with_room(result: OverheadResult, *, busy_cores: float = 0.75) -> float | None:
+    """How busy the gateway's busiest process was, where the point missed its goals although that
+    process had room and no other part was saturated: a stall set the point, not the gateway's
+    cores filling (on some machines one gateway on one core misses from a quarter of its knee:
+    docs/benchmarks.md, section 1). None otherwise. Pure."""
+    if result.meets_goal or saturated(result):
+        return None
+    busiest = result.gateway_cpu.uses["gateway"].busiest_cores
+    return busiest if busiest < busy_cores else None
+
+
 async def measure_sweep(
     levels: Sequence[int], plan: OverheadPlan, *, repeats: int, log_dir: Path, progress: Callable[[str], None],
 ) -> list[OverheadResult]:
@@ -287,7 +298,7 @@ async def _upstreams_and_gateways(
     """``plan.upstreams`` synthetic engines and ``plan.gateways`` gateways over them, each on its
     own cores where ``plan.hosts`` says; yields the direct and gateway targets and each part's
     processes (every gateway with its workers)."""
-    pdserve = [sys.executable, "-m", "pdserve"]
+    pdserve = ["env", *BENCH_GATEWAY_ENV, sys.executable, "-m", "pdserve"]
     pace = ["--ttft-ms", str(plan.ttft_s * 1000), "--tokens-per-s", str(plan.tokens_per_s)]
     workers = [] if plan.gateway_workers is None else ["--workers", str(plan.gateway_workers)]
     async with contextlib.AsyncExitStack() as stack:

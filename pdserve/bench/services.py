@@ -71,6 +71,12 @@ async def synthetic_engines(
         yield engines
 
 
+# For a benchmark's gateways (``env`` before ``pdserve serve``). gateway.max_in_flight_per_engine (256)
+# mirrors vLLM's batch limit; the synthetic engines have none, and with it a gateway process would queue
+# every leg past 256 on one engine: a point would measure that queue (seconds of TTFT), not the relay.
+BENCH_GATEWAY_ENV = ("PDSERVE_GATEWAY__MAX_IN_FLIGHT_PER_ENGINE=1000000",)
+
+
 def serve_flags(engine_urls: Sequence[str]) -> list[str]:
     """``pdserve serve``'s flags that make each engine both a prefill and a decode engine."""
     return [flag for url in engine_urls for flag in ("--prefill-url", url, "--decode-url", url)]

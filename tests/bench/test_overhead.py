@@ -19,15 +19,17 @@ from pdserve.bench.overhead import (
     chunks_in,
     knee_streams,
     measure_paths,
+    missed_with_room,
     saturated,
 )
 from pdserve.bench.prompts import WordPrompts
 from pdserve.bench.records import RequestRecord
 from pdserve.bench.runner import Target
-from pdserve.bench.stats import Summary, Window
+from pdserve.bench.services import BENCH_GATEWAY_ENV
+from pdserve.bench.stats import Percentiles, Summary, Window
 from pdserve.bench.upstream import Pace, serving_upstream
 from pdserve.bench.workload import Lengths, synthetic
-from pdserve.config import DEMO_MODEL_NAME
+from pdserve.config import DEMO_MODEL_NAME, load_settings
 from pdserve.pd import native_relay
 
 
@@ -64,6 +66,31 @@ def test_a_part_is_saturated_when_one_of_its_processes_is() -> None:
         return OverheadResult(streams=1, direct=summary, gateway=summary, direct_cpu=cpu, gateway_cpu=cpu)
     assert saturated(result(spread)) == []  # 0.8 cores of upstream, spread over processes
     assert saturated(result(one_busy)) == ["upstream"]
+
+
+def test_a_miss_with_the_gateway_half_idle_is_told_apart_from_its_cores_filling() -> None:
+    def point(*, itl_p99_ms: float, gateway_busiest: float, upstream_busiest: float = 0.3) -> OverheadResult:
+        def summary(itl_p99: float) -> Summary:
+            return Summary(requests=10, errors=0, duration_s=10.0, request_rate=1.0, output_tokens_per_s=100.0,
+                           goodput=1.0, slo_attainment=1.0, ttft_ms=Percentiles(21.0, 22.0, 23.0),
+                           itl_ms=Percentiles(10.0, 10.5, itl_p99), tpot_ms=None, e2e_ms=None)
+        uses = {"gateway": CpuUse(5.0, 10.0, gateway_busiest), "upstream": CpuUse(3.0, 10.0, upstream_busiest),
+                "loadgen": CpuUse(3.0, 10.0, 0.3)}
+        cpu = PathCpu(uses=uses, chunks=1000, requests=10)
+        return OverheadResult(streams=256, direct=summary(11.0), gateway=summary(itl_p99_ms),
+                              direct_cpu=cpu, gateway_cpu=cpu)
+
+    assert missed_with_room(point(itl_p99_ms=21.0, gateway_busiest=0.52)) == pytest.approx(0.52)
+    assert missed_with_room(point(itl_p99_ms=12.0, gateway_busiest=0.52)) is None  # +1 ms: the goals held
+    assert missed_with_room(point(itl_p99_ms=21.0, gateway_busiest=0.95)) is None  # its core filled: a knee
+    assert missed_with_room(point(itl_p99_ms=21.0, gateway_busiest=0.52, upstream_busiest=0.95)) is None  # said apart
+
+
+def test_a_benchmark_gateway_does_not_hold_legs_back_from_the_synthetic_engines(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load_settings().gateway.max_in_flight_per_engine == 256  # vLLM's batch limit, which they lack
+    for assignment in BENCH_GATEWAY_ENV:
+        monkeypatch.setenv(*assignment.split("=", 1))
+    assert load_settings().gateway.max_in_flight_per_engine >= 100_000
 
 
 def test_cpu_per_chunk_and_request_in_microseconds() -> None:
