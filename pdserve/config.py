@@ -185,7 +185,8 @@ class GatewaySpec(FrozenSpec):
     workers: int = Field(default_factory=lambda: len(os.sched_getaffinity(0)), ge=1, description=(
         "gateway processes sharing the port (SO_REUSEPORT); default: the cores available. "
         "The Ray gateway replica runs one"))
-    busy_log_interval_s: float = Field(60.0, gt=0, description="at most one 'decode engine busy' line per engine this often")
+    busy_log_interval_s: float = Field(60.0, gt=0, description=(
+        "at most one 'decode engine busy' line per engine, and one 'requests wait' line per gateway process, this often"))
     # Overload (gateway/admission.py): defaults far above what one healthy deployment carries,
     # there only to bound memory and latency. Every count is per gateway process (gateway.workers).
     max_in_flight: int = Field(4096, ge=1, description=(

@@ -9,6 +9,7 @@ Knows nothing of HTTP; ``app.py`` holds the gateway slot, the orchestrator the e
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections import deque
@@ -20,6 +21,7 @@ from pdserve.errors import Overloaded, OverloadReason
 from pdserve.role import Role
 from pdserve.routing.pool import Endpoint, Pool
 
+log = logging.getLogger(__name__)
 MIN_RETRY_AFTER_S = 1
 MAX_RETRY_AFTER_S = 60
 _HOLD_WEIGHT = 0.1  # of the newest request in the running mean of slot hold times
@@ -49,6 +51,7 @@ class Admission:
         self.queued = 0  # requests waiting in any line
         self.rejected = dict.fromkeys(OverloadReason, 0)
         self._hold_s = 0.0  # running mean of how long a request holds its gateway slot
+        self._waiting_said_s = -math.inf  # when a wait was last logged
 
     @asynccontextmanager
     async def gateway_slot(self) -> AsyncIterator[None]:
@@ -56,7 +59,8 @@ class Admission:
 
         Raises Overloaded when the queue is full or the wait passes ``queue_timeout_s``.
         """
-        await self._wait(self._gateway_line, lambda: self.in_flight < self._spec.max_in_flight)
+        await self._wait(self._gateway_line, lambda: self.in_flight < self._spec.max_in_flight,
+                         room=f"a gateway slot (gateway.max_in_flight: {self._spec.max_in_flight})")
         self.in_flight += 1
         started_s = time.perf_counter()
         try:
@@ -86,7 +90,9 @@ class Admission:
             return with_room() or candidates()
         line = self._engine_lines[role]
         if line.waiters or not (room := with_room()):
-            await self._wait(line, lambda: bool(with_room()) or not candidates())
+            await self._wait(line, lambda: bool(with_room()) or not candidates(),
+                             room=f"a {role.value} engine slot (gateway.max_in_flight_per_engine: "
+                                  f"{self._spec.max_in_flight_per_engine})")
             room = with_room()
         return room
 
@@ -112,9 +118,9 @@ class Admission:
         by then every request served when it was refused has, on average, finished."""
         return min(max(MIN_RETRY_AFTER_S, math.ceil(self._hold_s)), MAX_RETRY_AFTER_S)
 
-    async def _wait(self, line: _Line, has_room: Callable[[], bool]) -> None:
+    async def _wait(self, line: _Line, has_room: Callable[[], bool], *, room: str) -> None:
         """Return once ``has_room()`` and no one waits ahead in ``line``; the caller takes the room
-        before it next awaits, so nobody can take it in between."""
+        before it next awaits, so nobody can take it in between. ``room``: what is waited for, as logged."""
         if not line.waiters and has_room():
             return
         if self.queued >= self._spec.max_queued:
@@ -122,6 +128,7 @@ class Admission:
         turn = asyncio.Event()
         line.waiters.append(turn)
         self.queued += 1
+        self._say_waiting(room)
         try:
             async with asyncio.timeout(self._spec.queue_timeout_s):
                 while not (line.waiters[0] is turn and has_room()):
@@ -133,6 +140,17 @@ class Admission:
             line.waiters.remove(turn)
             self.queued -= 1
             line.wake()  # the next may fit too, or the room this one gave up is theirs
+
+    def _say_waiting(self, room: str) -> None:
+        """Say that requests queue, once per ``busy_log_interval_s``: their wait adds to TTFT, and
+        the queued gauge alone is seen only by those who scrape it."""
+        now_s = time.monotonic()
+        if now_s - self._waiting_said_s < self._spec.busy_log_interval_s:
+            return
+        self._waiting_said_s = now_s
+        log.warning("requests wait for %s: %d queued in this gateway process, each until one in flight ends "
+                    "(its TTFT grows by the wait); add engines or gateway processes, or raise the limit if "
+                    "the engines have room", room, self.queued)
 
     def _reject(self, reason: OverloadReason) -> Overloaded:
         self.rejected[reason] += 1

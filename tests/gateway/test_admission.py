@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -62,6 +63,22 @@ async def test_a_request_waits_in_line_for_an_engine_slot_or_times_out() -> None
         assert gate.queued == 1
     assert await waiting == [engine] and gate.queued == 0
     assert await gate.engines_with_room(Role.DECODE, list) == []  # none left at all: no wait
+
+
+async def test_a_wait_is_said_in_the_log_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    gate, engine = admission(max_in_flight_per_engine=1, busy_log_interval_s=60.0)
+    with caplog.at_level(logging.WARNING, logger="pdserve.gateway.admission"), gate.engine_slot(engine):
+        assert await gate.engines_with_room(Role.DECODE, lambda: [engine], over_cap=True) == [engine]  # no wait
+        assert caplog.records == []
+        waiting = [asyncio.create_task(gate.engines_with_room(Role.DECODE, lambda: [engine])) for _ in range(3)]
+        await asyncio.sleep(0.01)
+        assert gate.queued == 3
+    (said,) = caplog.records  # three waited: one line within the interval
+    assert said.getMessage().startswith(
+        "requests wait for a decode engine slot (gateway.max_in_flight_per_engine: 1): 1 queued in this gateway process")
+    for task in waiting:
+        task.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
 
 
 async def test_retry_after_follows_how_long_requests_hold_their_slot() -> None:
