@@ -28,9 +28,10 @@ _HOLD_WEIGHT = 0.1  # of the newest request in the running mean of slot hold tim
 
 
 class _Line:
-    """Requests waiting, first come first served, for room of one kind."""
+    """Requests waiting, first come first served, for room of one kind (``room``: which, as logged)."""
 
-    def __init__(self) -> None:
+    def __init__(self, room: str) -> None:
+        self.room = room
         self.waiters: deque[asyncio.Event] = deque()
 
     def wake(self) -> None:
@@ -45,8 +46,9 @@ class Admission:
 
     def __init__(self, pool: Pool, *, spec: GatewaySpec) -> None:
         self._pool, self._spec = pool, spec
-        self._gateway_line = _Line()
-        self._engine_lines = {role: _Line() for role in Role}
+        self._gateway_line = _Line(f"a gateway slot (gateway.max_in_flight: {spec.max_in_flight})")
+        self._engine_lines = {role: _Line(f"a {role.value} engine slot (gateway.max_in_flight_per_engine: "
+                                          f"{spec.max_in_flight_per_engine})") for role in Role}
         self.in_flight = 0  # requests holding a gateway slot
         self.queued = 0  # requests waiting in any line
         self.rejected = dict.fromkeys(OverloadReason, 0)
@@ -59,8 +61,7 @@ class Admission:
 
         Raises Overloaded when the queue is full or the wait passes ``queue_timeout_s``.
         """
-        await self._wait(self._gateway_line, lambda: self.in_flight < self._spec.max_in_flight,
-                         room=f"a gateway slot (gateway.max_in_flight: {self._spec.max_in_flight})")
+        await self._wait(self._gateway_line, lambda: self.in_flight < self._spec.max_in_flight)
         self.in_flight += 1
         started_s = time.perf_counter()
         try:
@@ -90,9 +91,7 @@ class Admission:
             return with_room() or candidates()
         line = self._engine_lines[role]
         if line.waiters or not (room := with_room()):
-            await self._wait(line, lambda: bool(with_room()) or not candidates(),
-                             room=f"a {role.value} engine slot (gateway.max_in_flight_per_engine: "
-                                  f"{self._spec.max_in_flight_per_engine})")
+            await self._wait(line, lambda: bool(with_room()) or not candidates())
             room = with_room()
         return room
 
@@ -118,9 +117,9 @@ class Admission:
         by then every request served when it was refused has, on average, finished."""
         return min(max(MIN_RETRY_AFTER_S, math.ceil(self._hold_s)), MAX_RETRY_AFTER_S)
 
-    async def _wait(self, line: _Line, has_room: Callable[[], bool], *, room: str) -> None:
+    async def _wait(self, line: _Line, has_room: Callable[[], bool]) -> None:
         """Return once ``has_room()`` and no one waits ahead in ``line``; the caller takes the room
-        before it next awaits, so nobody can take it in between. ``room``: what is waited for, as logged."""
+        before it next awaits, so nobody can take it in between."""
         if not line.waiters and has_room():
             return
         if self.queued >= self._spec.max_queued:
@@ -128,7 +127,7 @@ class Admission:
         turn = asyncio.Event()
         line.waiters.append(turn)
         self.queued += 1
-        self._say_waiting(room)
+        self._say_waiting(line.room)
         try:
             async with asyncio.timeout(self._spec.queue_timeout_s):
                 while not (line.waiters[0] is turn and has_room()):
