@@ -36,7 +36,7 @@ from pdserve.bench.load_processes import LoadProcesses
 from pdserve.bench.overhead import chunks_in
 from pdserve.bench.prompts import WordPrompts
 from pdserve.bench.runner import Target
-from pdserve.bench.services import BENCH_GATEWAY_ENV, child_service, free_port, serve_flags, synthetic_engines
+from pdserve.bench.services import child_service, free_port, gateway_argv, synthetic_engines
 from pdserve.bench.stats import Slo, Window, summarize
 from pdserve.bench.workload import Lengths, synthetic
 
@@ -74,9 +74,8 @@ async def _window(args: argparse.Namespace, name: str, load: LoadProcesses, upst
     port = free_port()
     # -P: not this working directory's pdserve, the one PYTHONPATH names
     routing = [] if args.disaggregation is None else [f"PDSERVE_ROUTING__DISAGGREGATION={args.disaggregation}"]
-    argv = ["env", f"PYTHONPATH={tree.resolve()}", *BENCH_GATEWAY_ENV, *routing, sys.executable, "-P", "-m", "pdserve", "serve",
-            *serve_flags(upstream_urls),
-            "--port", str(port), "--workers", str(_workers(args, name))]
+    argv = gateway_argv(upstream_urls, port=port, env=[f"PYTHONPATH={tree.resolve()}", *routing], python_flags=["-P"],
+                        flags=["--workers", str(_workers(args, name))])
     async with child_service(argv, ready_url=f"http://127.0.0.1:{port}/health",
                              log_path=args.logs / f"gateway-{name}.log") as gateway:
         await asyncio.sleep(1.0)  # every worker up

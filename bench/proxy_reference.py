@@ -26,7 +26,6 @@ import dataclasses
 import json
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -38,7 +37,7 @@ from pdserve.bench.load_processes import LoadProcesses
 from pdserve.bench.overhead import RELAY_THREADS, OverheadPlan, OverheadResult, measure_paths
 from pdserve.bench.prompts import WordPrompts
 from pdserve.bench.runner import Target
-from pdserve.bench.services import BENCH_GATEWAY_ENV, child_service, free_port, serve_flags, synthetic_engines
+from pdserve.bench.services import child_service, free_port, gateway_argv, synthetic_engines
 from pdserve.bench.workload import Lengths, synthetic
 
 GOAL_TTFT_P50_ABOVE_NGINX_MS = 1.5  # issue #26, criterion 5: pdserve-pd against nginx in one run
@@ -139,9 +138,8 @@ async def _nginx(args: argparse.Namespace, engine_urls: list[str]) -> AsyncItera
 async def _pdserve(args: argparse.Namespace, engine_urls: list[str], *,
                    disaggregation: str) -> AsyncIterator[tuple[str, list[psutil.Process]]]:
     port = free_port()
-    argv = ["env", *BENCH_GATEWAY_ENV, f"PDSERVE_ROUTING__DISAGGREGATION={disaggregation}",
-            sys.executable, "-m", "pdserve", "serve", *serve_flags(engine_urls),
-            "--port", str(port), "--workers", str(args.workers)]
+    argv = gateway_argv(engine_urls, port=port, env=[f"PDSERVE_ROUTING__DISAGGREGATION={disaggregation}"],
+                        flags=["--workers", str(args.workers)])
     async with child_service(argv, ready_url=f"http://127.0.0.1:{port}/health/ready",
                              log_path=args.logs / f"pdserve-{disaggregation}.log") as process:
         await asyncio.sleep(1.0)  # every worker up

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import dataclasses
 import math
-import sys
 import time
 from bisect import bisect_left
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -29,7 +28,7 @@ from pdserve.bench.hosts import Hosts, confined
 from pdserve.bench.load_processes import LoadProcesses
 from pdserve.bench.prompts import WordPrompts
 from pdserve.bench.records import RequestRecord
-from pdserve.bench.services import BENCH_GATEWAY_ENV, child_service, free_port, serve_flags, synthetic_engines
+from pdserve.bench.services import child_service, free_port, gateway_argv, synthetic_engines
 from pdserve.bench.stats import Slo, Summary, Window, summarize
 from pdserve.bench.workload import Lengths, synthetic
 from pdserve.config import DEMO_MODEL_NAME
@@ -298,7 +297,6 @@ async def _upstreams_and_gateways(
     """``plan.upstreams`` synthetic engines and ``plan.gateways`` gateways over them, each on its
     own cores where ``plan.hosts`` says; yields the direct and gateway targets and each part's
     processes (every gateway with its workers)."""
-    pdserve = ["env", *BENCH_GATEWAY_ENV, sys.executable, "-m", "pdserve"]
     pace = ["--ttft-ms", str(plan.ttft_s * 1000), "--tokens-per-s", str(plan.tokens_per_s)]
     workers = [] if plan.gateway_workers is None else ["--workers", str(plan.gateway_workers)]
     async with contextlib.AsyncExitStack() as stack:
@@ -309,7 +307,7 @@ async def _upstreams_and_gateways(
             port = free_port()
             gateway_urls.append(f"http://127.0.0.1:{port}")
             gateway = await stack.enter_async_context(child_service(
-                [*pdserve, "serve", "--port", str(port), *serve_flags(upstream_urls), *workers],
+                gateway_argv(upstream_urls, port=port, flags=workers),
                 ready_url=f"{gateway_urls[-1]}/health", log_path=log_dir / f"gateway-{index}.log",
                 cores=plan.hosts.gateways[index] if plan.hosts else ()))
             gateway_processes += with_descendants(psutil.Process(gateway.pid))

@@ -77,9 +77,13 @@ async def synthetic_engines(
 BENCH_GATEWAY_ENV = ("PDSERVE_GATEWAY__MAX_IN_FLIGHT_PER_ENGINE=1000000",)
 
 
-def serve_flags(engine_urls: Sequence[str]) -> list[str]:
-    """``pdserve serve``'s flags that make each engine both a prefill and a decode engine."""
-    return [flag for url in engine_urls for flag in ("--prefill-url", url, "--decode-url", url)]
+def gateway_argv(engine_urls: Sequence[str], *, port: int, env: Sequence[str] = (), python_flags: Sequence[str] = (),
+                 flags: Sequence[str] = ()) -> list[str]:
+    """``pdserve serve`` on ``port`` as a benchmark runs it: each of ``engine_urls`` both a prefill and a
+    decode engine, with BENCH_GATEWAY_ENV and ``env`` (``NAME=value``) set. Pure."""
+    engines = [flag for url in engine_urls for flag in ("--prefill-url", url, "--decode-url", url)]
+    return ["env", *BENCH_GATEWAY_ENV, *env, sys.executable, *python_flags, "-m", "pdserve", "serve", *engines,
+            "--port", str(port), *flags]
 
 
 async def _wait_ready(process: asyncio.subprocess.Process, url: str, *, timeout_s: float, log_path: Path) -> None:
