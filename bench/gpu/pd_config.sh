@@ -1,6 +1,7 @@
 # Sourced by the GPU scripts: writes a model folder of SHAPE (qwen3-8b or qwen3.5-9b; /tmp/SHAPE, no weights:
 # the engines run with --load-format dummy) and the pdserve config CONFIG (/tmp/pd.yaml) for PREFILL_GPU,
-# DECODE_GPU, MEM (GPU memory share), COMPILE (vllm: vLLM's default compilation), MPS (auto, on, off), KV_BLOCK (tokens per KV block; unset: pdserve's GPU
+# DECODE_GPU, MEM (GPU memory share), KV_BYTES (KV cache per engine; default 32 GiB), MAX_LEN (max_model_len;
+# default 8192), EAGER (1: the reference's enforce_eager, no CUDA graphs), COMPILE (vllm: vLLM's default compilation), MPS (auto, on, off), KV_BLOCK (tokens per KV block; unset: pdserve's GPU
 # default, 128), KV_BUFFER (auto, cpu, cuda), CROSS_LAYER (kv.cross_layer_blocks: auto, on, off), ENGINE_ENV (a YAML mapping of extra engine environment, applied
 # last), PREFILL_ARGS / DECODE_ARGS (extra vLLM args of one pool, as JSON list items: '"--flag", "value"'),
 # PORT (gateway; engines at PORT+100 and PORT+200), SIDE_PORT (first NIXL side channel), LOG_DIR and MODEL_DIR, then
@@ -13,14 +14,15 @@ CONFIG=${CONFIG:-/tmp/pd.yaml} PORT=${PORT:-8000} SIDE_PORT=${SIDE_PORT:-5600} L
 DEFAULT_MODEL_DIR=/tmp/$SHAPE; [ "$SHAPE" = qwen3-8b ] && DEFAULT_MODEL_DIR=/tmp/q8b
 MODEL_DIR=${MODEL_DIR:-$DEFAULT_MODEL_DIR}
 python3 -m pdserve demo-model $MODEL_DIR --shape $SHAPE || return 1
-# A fixed 32 GiB of KV cache per engine; unless COMPILE=vllm (vLLM's own torch.compile and CUDA graphs), no
-# torch.compile and full CUDA graphs for decode batches up to 256.
+# A fixed KV cache per engine (KV_BYTES, 32 GiB); unless COMPILE=vllm (vLLM's own torch.compile and CUDA graphs)
+# or EAGER=1 (neither), no torch.compile and full CUDA graphs for decode batches up to 256.
 # pdserve adds --block-size 128 to GPU engines itself, and starts CUDA MPS when both share a GPU.
-ENGINE='"--load-format", "dummy", "--gpu-memory-utilization", "'$MEM'", "--kv-cache-memory-bytes", "34359738368"'
-[ "${COMPILE:-}" = vllm ] || ENGINE="$ENGINE"', "--compilation-config",
-  "{\"mode\":0,\"cudagraph_mode\":\"FULL_DECODE_ONLY\",\"cudagraph_capture_sizes\":[1,2,4,8,16,24,32,48,64,96,128,192,256]}"'
+ENGINE='"--load-format", "dummy", "--gpu-memory-utilization", "'$MEM'", "--kv-cache-memory-bytes", "'${KV_BYTES:-34359738368}'"'
+if [ "${EAGER:-0}" = 1 ]; then ENGINE="$ENGINE"', "--enforce-eager"'
+elif [ "${COMPILE:-}" != vllm ]; then ENGINE="$ENGINE"', "--compilation-config",
+  "{\"mode\":0,\"cudagraph_mode\":\"FULL_DECODE_ONLY\",\"cudagraph_capture_sizes\":[1,2,4,8,16,24,32,48,64,96,128,192,256]}"'; fi
 cat > $CONFIG <<YAML
-model: {path: $MODEL_DIR, served_name: $SHAPE, max_model_len: 8192}
+model: {path: $MODEL_DIR, served_name: $SHAPE, max_model_len: ${MAX_LEN:-8192}}
 prefill: {device: cuda, gpu_ids: [$PREFILL_GPU], base_port: $((PORT + 100)), extra_args: [$ENGINE${PREFILL_ARGS:+, $PREFILL_ARGS}], env: ${ENGINE_ENV:-{\}}}
 decode: {device: cuda, gpu_ids: [$DECODE_GPU], base_port: $((PORT + 200)), extra_args: [$ENGINE${DECODE_ARGS:+, $DECODE_ARGS}], env: ${ENGINE_ENV:-{\}}}
 gateway: {port: $PORT}

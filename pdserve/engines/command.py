@@ -24,8 +24,10 @@ OTLP_PROTOCOL_ENV = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 # loads the compiled graphs instead of compiling for minutes.
 COMPILE_CACHE_ENV = "VLLM_CACHE_ROOT"
 DEFAULT_COMPILE_CACHE = "~/.cache/vllm"  # vLLM's own default (vllm/envs.py)
-# vLLM's NixlConnector, loaded from pdserve's module that makes its NIXL progress thread pause.
+# vLLM's NixlConnector, loaded from pdserve's module that makes its NIXL progress thread pause, or from the
+# one that also stages a hybrid model's KV in host memory (vLLM 0.26's own cannot: pdserve_vllm/host_mirror.py).
 PROGRESS_CONNECTOR_MODULE = "pdserve_vllm.nixl_progress"
+HYBRID_HOST_BUFFER_CONNECTOR_MODULE = "pdserve_vllm.hybrid_connector"
 # The prefill engine only produces KV cache, the decode engine only consumes it.
 KV_ROLES = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer"}
 
@@ -64,7 +66,7 @@ def build_engine_command(
         "--dtype", model.dtype,
         "--tensor-parallel-size", str(pool.tensor_parallel_size),
         "--kv-transfer-config", json.dumps(kv_transfer_config(spec, kv, buffer_device=buffer.device,
-                                                              is_cross_layer=is_cross_layer)),
+                                                              is_cross_layer=is_cross_layer, layout=layout.layout)),
         *_block_size_args(spec, kv),
         *needs.args,
         *_tracing_args(otlp_traces_endpoint),
@@ -170,9 +172,11 @@ def _block_size_args(spec: EngineSpec, kv: KVTransferSpec) -> list[str]:
 
 def kv_transfer_config(
     spec: EngineSpec, kv: KVTransferSpec, *, buffer_device: str, is_cross_layer: bool = False,
+    layout: Layout = Layout.ATTENTION,
 ) -> dict[str, Any]:
     """vLLM's ``--kv-transfer-config`` for one engine: unique engine_id, role, buffer device; vLLM's
-    connector taken from pdserve's module where its NIXL progress thread is to pause."""
+    connector taken from pdserve's module where its NIXL progress thread is to pause, or where a hybrid
+    model's KV is staged in host memory by a GPU engine."""
     extra: dict[str, Any] = {"backends": list(kv.backends)}
     if is_cross_layer:
         extra[CROSS_LAYER_KEY] = True
@@ -184,7 +188,9 @@ def kv_transfer_config(
         "kv_connector_extra_config": extra,
         "kv_load_failure_policy": kv.load_failure_policy,
     }
-    if progress_delay_us(spec, kv):
+    if spec.pool.device == "cuda" and buffer_device == "cpu" and layout is Layout.HYBRID:
+        config["kv_connector_module_path"] = HYBRID_HOST_BUFFER_CONNECTOR_MODULE
+    elif progress_delay_us(spec, kv):
         config["kv_connector_module_path"] = PROGRESS_CONNECTOR_MODULE
     return config
 

@@ -12,7 +12,7 @@ from pdserve.verify.probe import HandoffProbe
 
 
 class Link(StrEnum):
-    HOST_MEMORY = "host-memory"  # CPU engines on one host
+    HOST_MEMORY = "host-memory"  # KV buffers in host memory on one host: CPU engines, or GPU engines staging it
     SAME_GPU = "same-gpu"
     GPU_TO_GPU = "gpu-to-gpu"  # two GPUs of one host: NVLink, else PCIe
     NETWORK = "network"  # engines on other hosts: EFA/RDMA, else TCP
@@ -57,12 +57,14 @@ class Verdict:
         return not self.problems
 
 
-def classify_link(prefill: PoolSpec, decode: PoolSpec, *, prefill_host: str, decode_host: str) -> Link:
-    """Which link a pair's KV cache crosses, from where the pools' engines run and the hosts of
-    the two engines (loopback addresses are all this host)."""
+def classify_link(prefill: PoolSpec, decode: PoolSpec, *, prefill_host: str, decode_host: str,
+                  buffer_devices: tuple[str, str] = ("", "")) -> Link:
+    """Which link a pair's KV cache crosses, from where the pools' engines run, the hosts of the two
+    engines (loopback addresses are all this host) and where each engine said its KV buffer is ("" when
+    it did not): GPU engines that stage their KV in host memory move it host to host."""
     if not (prefill_host == decode_host or (_is_loopback(prefill_host) and _is_loopback(decode_host))):
         return Link.NETWORK
-    if prefill.device == "cpu" and decode.device == "cpu":
+    if (prefill.device == "cpu" and decode.device == "cpu") or buffer_devices == ("cpu", "cpu"):
         return Link.HOST_MEMORY
     if prefill.device == "cuda" and decode.device == "cuda" and set(prefill.gpu_ids) == set(decode.gpu_ids):
         return Link.SAME_GPU

@@ -88,7 +88,8 @@ async def verify(
     efa = is_efa_asked(settings.kv, (settings.prefill, settings.decode))
     for (prefill, decode), probe in zip(pairs, fastest, strict=True):
         link = classify_link(settings.prefill, settings.decode, prefill_host=urlsplit(prefill.url).hostname or "",
-                             decode_host=urlsplit(decode.url).hostname or "")
+                             decode_host=urlsplit(decode.url).hostname or "",
+                             buffer_devices=(prefill.kv_path.buffer_device, decode.kv_path.buffer_device))
         expected = expected_gbps or NOMINAL_GBPS.get(link, 0.0)
         if not expected:  # host memory: measure this machine rather than assume
             expected = await asyncio.to_thread(_host_memcpy_gbps)

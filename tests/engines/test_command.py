@@ -15,10 +15,11 @@ from pdserve_vllm import PROGRESS_DELAY_ENV
 NO_RDMA = HostLink()
 
 
-def engine_commands(tree: dict[str, object], *, link: HostLink = NO_RDMA) -> list[EngineCommand]:
+def engine_commands(tree: dict[str, object], *, link: HostLink = NO_RDMA,
+                    layout: Layout = Layout.ATTENTION) -> list[EngineCommand]:
     settings = parse_settings(tree, source="t")
     return [build_engine_command(spec, model=settings.model, model_path="/m", kv=settings.kv,
-                                 layout=ModelLayout("/m", Layout.ATTENTION, "test"),
+                                 layout=ModelLayout("/m", layout, "test"),
                                  python="py", host="127.0.0.1", cpu_bind="0", link=link)
             for spec in settings.engine_specs()]
 
@@ -81,6 +82,19 @@ def test_cpu_engines_take_vllms_connector_from_the_module_that_pauses_nixls_prog
     assert pauses({"kv": {"progress_delay_us": 0}}) == [(None, None)] * 2
     assert pauses({"prefill": gpu, "decode": gpu, "kv": {"progress_delay_us": 50}}) == [(plugin, "50")] * 2
     assert all(kv_config(command)["kv_connector"] == "NixlConnector" for command in engine_commands({}))
+
+
+def test_gpu_engines_staging_a_hybrids_kv_in_host_memory_take_the_connector_that_mirrors_its_pages() -> None:
+    def modules(tree: dict[str, object], layout: Layout) -> list[str | None]:
+        return [kv_config(command).get("kv_connector_module_path") for command in engine_commands(tree, layout=layout)]
+
+    host_staged = {"device": "cuda", "gpu_ids": [0]}
+    tree = {"prefill": host_staged, "decode": host_staged, "kv": {"buffer_device": "cpu"}}
+    assert modules(tree, Layout.HYBRID) == ["pdserve_vllm.hybrid_connector"] * 2
+    assert modules(tree, Layout.ATTENTION) == [None, None]  # vLLM's own host buffer works for attention layers
+    assert modules({"prefill": host_staged, "decode": host_staged, "kv": {"buffer_device": "cuda"}},
+                   Layout.HYBRID) == [None, None]
+    assert modules({}, Layout.HYBRID) == ["pdserve_vllm.nixl_progress"] * 2  # CPU engines have no host buffer
 
 
 def test_cpu_engines_run_the_model_in_the_engine_core_on_threads_for_their_cores() -> None:

@@ -73,13 +73,19 @@ def test_probe_prompts_of_different_seeds_share_no_first_block() -> None:
 
 
 def test_links_follow_where_engines_run() -> None:
-    def link(prefill: dict[str, object], decode: dict[str, object], hosts: tuple[str, str] = ("127.0.0.1",) * 2) -> Link:
+    def link(prefill: dict[str, object], decode: dict[str, object], hosts: tuple[str, str] = ("127.0.0.1",) * 2,
+             buffers: tuple[str, str] = ("", "")) -> Link:
         settings = parse_settings({"prefill": {"base_port": 8100, **prefill}, "decode": {"base_port": 8200, **decode}}, source="t")
-        return classify_link(settings.prefill, settings.decode, prefill_host=hosts[0], decode_host=hosts[1])
+        return classify_link(settings.prefill, settings.decode, prefill_host=hosts[0], decode_host=hosts[1],
+                             buffer_devices=buffers)
 
     assert link({}, {}) is Link.HOST_MEMORY
     assert link({"device": "cuda", "gpu_ids": [0]}, {"device": "cuda", "gpu_ids": [0]}) is Link.SAME_GPU
     assert link({"device": "cuda", "gpu_ids": [0]}, {"device": "cuda", "gpu_ids": [1]}) is Link.GPU_TO_GPU
+    # GPU engines staging the KV in host memory (as on g6) move it host to host, not over the GPU
+    gpu0 = {"device": "cuda", "gpu_ids": [0]}
+    assert link(gpu0, gpu0, buffers=("cpu", "cpu")) is Link.HOST_MEMORY
+    assert link(gpu0, gpu0, hosts=("10.0.0.2", "10.0.0.3"), buffers=("cpu", "cpu")) is Link.NETWORK
     assert link({}, {}, hosts=("10.0.0.2", "10.0.0.3")) is Link.NETWORK
     assert link({"device": "cuda", "gpu_ids": [0]}, {"device": "cuda", "gpu_ids": [0]}, hosts=("gpu-a", "gpu-b")) \
         is Link.NETWORK
