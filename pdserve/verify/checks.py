@@ -110,10 +110,16 @@ EFA_ADVICE = ("EFA was asked for (placement.efa_devices or kv.libfabric_provider
               "and leave FI_PROVIDER out of the pools' env")
 
 
-def kv_path_problems(path: KvPath, *, role: str, url: str, is_efa_asked: bool) -> list[str]:
-    """What is wrong with the KV path one engine logged: not EFA where EFA was asked for."""
+def kv_path_problems(path: KvPath, *, role: str, url: str, is_efa_asked: bool, link: Link) -> list[str]:
+    """What is wrong with the KV path one engine logged: not EFA where EFA was asked for; UCX reading KV
+    over TCP between two engines of one host (shared memory, cma or cuda_ipc are the paths there), which a
+    rate bar alone may pass where the host's own copy is slow."""
+    problems = []
     if is_efa_asked and path.provider != "efa":
         got = f"LIBFABRIC over {path.provider or 'an unknown provider'}" if "LIBFABRIC" in path.backends \
             else "+".join(path.backends)
-        return [f"{role} engine {url} moves KV over {got}, not EFA. {EFA_ADVICE}"]
-    return []
+        problems.append(f"{role} engine {url} moves KV over {got}, not EFA. {EFA_ADVICE}")
+    over_tcp = [transport for transport in path.transports if transport.startswith("tcp")]
+    if link is not Link.NETWORK and over_tcp:
+        problems.append(f"{role} engine {url} reads KV over {over_tcp[0]} between engines of one host. {ADVICE[link]}")
+    return problems

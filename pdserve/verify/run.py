@@ -100,7 +100,8 @@ async def verify(
             transports=sorted({transport for path in paths.values() for transport in path.transports}),
             providers=sorted({path.provider for path in paths.values() if path.provider}), kv_paths=paths,
             path_problems=tuple(problem for (role, path), engine in zip(paths.items(), (prefill, decode), strict=True)
-                                for problem in kv_path_problems(path, role=role, url=engine.url, is_efa_asked=efa)),
+                                for problem in kv_path_problems(path, role=role, url=engine.url, is_efa_asked=efa,
+                                                                 link=link)),
             kv_bytes=probe.engine.bytes, prefill_ms=probe.prefill_s * 1000, decode_ms=probe.decode_s * 1000,
             verdict=judge(probe, link=link, expected_gbps=expected, min_fraction=min_fraction, slack_ms=slack_ms),
             is_pd_equal_local=is_equal,

@@ -95,7 +95,7 @@ def test_links_follow_where_engines_run() -> None:
 
 def test_an_engine_not_on_efa_fails_a_deployment_that_asked_for_efa() -> None:
     def problems(path: KvPath, *, is_efa_asked: bool = True) -> list[str]:
-        return kv_path_problems(path, role="decode", url="http://d:1", is_efa_asked=is_efa_asked)
+        return kv_path_problems(path, role="decode", url="http://d:1", is_efa_asked=is_efa_asked, link=Link.NETWORK)
 
     assert problems(KvPath(backends=("LIBFABRIC",), provider="efa")) == []
     (over_tcp,) = problems(KvPath(backends=("LIBFABRIC",), provider="tcp"))
@@ -104,6 +104,17 @@ def test_an_engine_not_on_efa_fails_a_deployment_that_asked_for_efa() -> None:
     (over_ucx,) = problems(KvPath(backends=("UCX",), transports=("tcp/eth0 (zero-copy)",)))
     assert "over UCX, not EFA" in over_ucx
     assert problems(KvPath(backends=("LIBFABRIC",), provider="tcp"), is_efa_asked=False) == []
+
+
+def test_ucx_reading_kv_over_tcp_between_engines_of_one_host_fails_whatever_the_rate() -> None:
+    """Host-staged GPU engines on one host are judged against host memory, whose copy rate a slow machine
+    can bring near TCP's (2.1 GB/s seen on an H200 host over tcp/lo): the transport itself is the tell."""
+    over_lo = KvPath(backends=("UCX",), transports=("tcp/lo (software emulation)",), buffer_device="cpu")
+    (problem,) = kv_path_problems(over_lo, role="decode", url="http://d:1", is_efa_asked=False, link=Link.HOST_MEMORY)
+    assert "reads KV over tcp/lo (software emulation) between engines of one host" in problem and "UCX_TLS" in problem
+    over_cma = KvPath(backends=("UCX",), transports=("cma/memory (zero-copy)",), buffer_device="cpu")
+    assert kv_path_problems(over_cma, role="decode", url="http://d:1", is_efa_asked=False, link=Link.HOST_MEMORY) == []
+    assert kv_path_problems(over_lo, role="decode", url="http://d:1", is_efa_asked=False, link=Link.NETWORK) == []
 
 
 def test_gateway_warns_on_slow_or_failed_engine_windows() -> None:
