@@ -1,6 +1,6 @@
 # Sourced by the GPU scripts: writes a model folder of SHAPE (qwen3-8b or qwen3.5-9b; /tmp/SHAPE, no weights:
 # the engines run with --load-format dummy) and the pdserve config CONFIG (/tmp/pd.yaml) for PREFILL_GPU,
-# DECODE_GPU, MEM (GPU memory share), KV_BYTES (KV cache per engine; default 32 GiB), MAX_LEN (max_model_len;
+# DECODE_GPU, MEM (GPU memory share; l4: an L4's, bench/gpu/l4_share.sh), KV_BYTES (KV cache per engine; default 32 GiB), MAX_LEN (max_model_len;
 # default 8192), EAGER (1: the reference's enforce_eager, no CUDA graphs), COMPILE (vllm: vLLM's default compilation), MPS (auto, on, off), KV_BLOCK (tokens per KV block; unset: pdserve's GPU
 # default, 128), KV_BUFFER (auto, cpu, cuda), CROSS_LAYER (kv.cross_layer_blocks: auto, on, off), ENGINE_ENV (a YAML mapping of extra engine environment, applied
 # last), PREFILL_ARGS / DECODE_ARGS (extra vLLM args of one pool, as JSON list items: '"--flag", "value"'),
@@ -13,6 +13,7 @@ PREFILL_GPU=${PREFILL_GPU:-0} DECODE_GPU=${DECODE_GPU:-0} MEM=${MEM:-0.4} SHAPE=
 CONFIG=${CONFIG:-/tmp/pd.yaml} PORT=${PORT:-8000} SIDE_PORT=${SIDE_PORT:-5600} LOG_DIR=${LOG_DIR:-/tmp/pdlogs}
 DEFAULT_MODEL_DIR=/tmp/$SHAPE; [ "$SHAPE" = qwen3-8b ] && DEFAULT_MODEL_DIR=/tmp/q8b
 MODEL_DIR=${MODEL_DIR:-$DEFAULT_MODEL_DIR}
+if [ "$MEM" = l4 ]; then source bench/gpu/l4_share.sh; MEM=$L4_SHARE; fi
 python3 -m pdserve demo-model $MODEL_DIR --shape $SHAPE || return 1
 # A fixed KV cache per engine (KV_BYTES, 32 GiB); unless COMPILE=vllm (vLLM's own torch.compile and CUDA graphs)
 # or EAGER=1 (neither), no torch.compile and full CUDA graphs for decode batches up to 256.

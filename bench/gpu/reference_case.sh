@@ -6,15 +6,13 @@
 # L4 leaves beside the weights). Everything lands in $OUT/reference-case.tgz and $OUT/*.txt.
 set -u
 RUNS=${RUNS:-3} KV_BYTES=${KV_BYTES:-3221225472}
-L4_BYTES=$((24 * 10**9 * 9 / 10))  # the reference's gpu_memory_utilization 0.90 of an L4's 24 GB
-MEM=$(python3 -c "import torch; print(round($L4_BYTES / torch.cuda.get_device_properties(0).total_memory, 3))")
 FINAL_OUT=$OUT
 for buffer in ${BUFFERS:-cpu cuda}; do
   mkdir -p /tmp/reference-case/$buffer
-  OUT=/tmp/reference-case/$buffer SHAPE=qwen3.5-9b KV_BUFFER=$buffer EAGER=1 MAX_LEN=4096 MEM=$MEM KV_BYTES=$KV_BYTES \
+  OUT=/tmp/reference-case/$buffer SHAPE=qwen3.5-9b KV_BUFFER=$buffer EAGER=1 MAX_LEN=4096 MEM=l4 KV_BYTES=$KV_BYTES \
     RUNS=$RUNS BROKEN=0 LOG_DIR=/tmp/reference-case/$buffer/logs bash bench/gpu/verify_h200.sh \
     > "$FINAL_OUT/verify-kv-$buffer.txt" 2>&1
-  echo "== KV buffer $buffer (MEM $MEM)"; grep -hE "verify [0-9]: exit|GB/s|PD == local|^ready in|Error|error" \
+  echo "== KV buffer $buffer"; grep -hE "verify [0-9]: exit|GB/s|PD == local|^ready in|Error|error" \
     "$FINAL_OUT/verify-kv-$buffer.txt" /tmp/reference-case/$buffer/*verify* 2>/dev/null | head -30
 done
 tar czf "$FINAL_OUT/reference-case.tgz" -C /tmp reference-case

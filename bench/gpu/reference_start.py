@@ -26,13 +26,15 @@ GPU_SHARE = 0.45
 POLL_S = 10.0
 
 
-def engine(name: str, *, model_dir: str, served_name: str) -> dict[str, Any]:
-    """One LLMConfig: the engine settings pdserve's GPU scripts give vLLM (bench/gpu/pd_config.sh), a GPU share."""
-    return {
+def engine(name: str, *, model_dir: str, served_name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One LLMConfig: the engine settings pdserve's GPU scripts give vLLM (bench/gpu/pd_config.sh), a GPU share;
+    ``--batching-interval-ms`` sets Ray Serve LLM's stream batching (its docs' experimental_configs key)."""
+    config: dict[str, Any] = {
         "model_loading_config": {"model_id": served_name, "model_source": model_dir},
         "engine_kwargs": {
-            "max_model_len": 8192, "dtype": "bfloat16", "load_format": "dummy", "gpu_memory_utilization": 0.4,
-            "kv_cache_memory_bytes": 32 * 2**30, "block_size": 128,
+            "max_model_len": args.max_model_len, "dtype": "bfloat16", "load_format": "dummy",
+            "gpu_memory_utilization": args.gpu_memory_utilization, "kv_cache_memory_bytes": args.kv_bytes,
+            "block_size": 128, "enforce_eager": args.eager,
             "kv_transfer_config": {"kv_connector": "NixlConnector", "kv_role": "kv_both", "engine_id": name},
         },
         "placement_group_config": {"bundles": [{"GPU": GPU_SHARE, "CPU": 1}]},
@@ -40,6 +42,11 @@ def engine(name: str, *, model_dir: str, served_name: str) -> dict[str, Any]:
         "runtime_env": {"env_vars": {"VLLM_RAY_PER_WORKER_GPUS": str(GPU_SHARE), "VLLM_DISABLE_COMPILE_CACHE": "1",
                                      "UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "y"}},
     }
+    if args.gdn_prefill_backend:
+        config["engine_kwargs"]["gdn_prefill_backend"] = args.gdn_prefill_backend
+    if args.batching_interval_ms is not None:
+        config["experimental_configs"] = {"stream_batching_interval_ms": args.batching_interval_ms}
+    return config
 
 
 def main() -> None:
@@ -48,11 +55,20 @@ def main() -> None:
     parser.add_argument("--served-name", default="qwen3-8b")
     parser.add_argument("--timeout-s", type=float, default=420.0)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.4)
+    parser.add_argument("--kv-bytes", type=int, default=32 * 2**30)
+    parser.add_argument("--eager", action="store_true", help="enforce_eager, as the reference's article sets it")
+    parser.add_argument("--gdn-prefill-backend", default="",
+                        help="a hybrid's GDN prefill kernel; triton on Hopper, where vLLM 0.26's default is missing "
+                             "(pdserve/engines/model_layout.py)")
+    parser.add_argument("--batching-interval-ms", type=int, default=None,
+                        help="Ray Serve LLM's stream_batching_interval_ms (its default: 50)")
     args = parser.parse_args()
     config = {"proxy_location": "HeadOnly", "http_options": {"host": "127.0.0.1", "port": 8000}, "applications": [{
         "name": "reference", "import_path": "ray.serve.llm:build_pd_openai_app", "route_prefix": "/",
-        "args": {"prefill_config": engine("prefill", model_dir=args.model_dir, served_name=args.served_name),
-                 "decode_config": engine("decode", model_dir=args.model_dir, served_name=args.served_name)}}]}
+        "args": {role + "_config": engine(role, model_dir=args.model_dir, served_name=args.served_name, args=args)
+                 for role in ("prefill", "decode")}}]}
     client = ServeSubmissionClient("http://127.0.0.1:8265")
     started_s = time.monotonic()
     client.deploy_applications(config)

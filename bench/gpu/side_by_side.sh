@@ -13,11 +13,21 @@
 #   share a GPU) with the same engine flags; its time to ready is its own "ready in". With RUNS, pdserve also
 #   runs RUNS rounds of the decode engine alone (direct) against PD at DIRECT_RATE, for PD's TTFT cost, with
 #   the gateway's and engines' counters around each (ttft-N/metrics-*.txt, for bench/gpu/ttft_split.py).
+# CASE=reference runs the reference's own case instead: Qwen3.5-9B shape, max_model_len 4096, enforce_eager, 3 GiB of
+# KV cache and an L4's share of the GPU per engine (bench/gpu/l4_share.sh), inter-token SLO 100 ms; REF_BATCHING_MS
+# sets the reference's stream_batching_interval_ms (its docs' own knob; unset: Ray's 50 ms), KV_BUFFER pdserve's.
 # Everything lands in $OUT/side-by-side-$SYSTEM.tgz (bench/, the KV transfer rate from the decode engine's own
 # NIXL histograms, bench/gpu/kv_rate.py, ready.txt, logs); needs the vLLM stage in /tmp/site (../shared/gpu/README.md).
 set -u
 SYSTEM=${SYSTEM:?reference or pdserve} RATE=${RATE-2,4,6,8} CHAT_RATE=${CHAT_RATE:-} LOAD_S=${LOAD_S:-20}
 RUNS=${RUNS:-0} DIRECT_RATE=${DIRECT_RATE:-2} DIRECT_S=${DIRECT_S:-30} DEADLINE_S=${DEADLINE_S:-570}
+SHAPE=qwen3-8b MODEL_DIR=/tmp/q8b ITL_SLO_MS=50 REF_ARGS=""
+if [ "${CASE:-}" = reference ]; then
+  SHAPE=qwen3.5-9b MODEL_DIR=/tmp/qwen3.5-9b ITL_SLO_MS=100 EAGER=1 MAX_LEN=4096 KV_BYTES=3221225472 MEM=l4
+  source bench/gpu/l4_share.sh
+  REF_ARGS="--max-model-len 4096 --eager --kv-bytes 3221225472 --gpu-memory-utilization $L4_SHARE --gdn-prefill-backend triton"
+fi
+[ -n "${REF_BATCHING_MS:-}" ] && REF_ARGS="$REF_ARGS --batching-interval-ms $REF_BATCHING_MS"
 D=/tmp/side-by-side-$SYSTEM; rm -rf $D; mkdir -p $D
 trap 'tar czf $OUT/side-by-side-$SYSTEM.tgz -C /tmp side-by-side-$SYSTEM' EXIT
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -28,8 +38,8 @@ bench() {
   local need=$1 name=$2 url=$3 folder=$4 left=$((DEADLINE_S - SECONDS))
   shift 4
   [ $left -ge "$need" ] || { say "skipped $folder: ${left}s left of ${need}s needed"; return 1; }
-  timeout $left python3 -m pdserve bench run -t "$name=$url" --model qwen3-8b --tokenizer /tmp/q8b/tokenizer.json \
-    --output-tokens 256 --ttft-slo-ms 2000 --itl-slo-ms 50 --duration "$LOAD_S" --out $D/$folder "$@" \
+  timeout $left python3 -m pdserve bench run -t "$name=$url" --model $SHAPE --tokenizer $MODEL_DIR/tokenizer.json \
+    --output-tokens 256 --ttft-slo-ms 2000 --itl-slo-ms $ITL_SLO_MS --duration "$LOAD_S" --out $D/$folder "$@" \
     > $D/$folder.log 2>&1
   grep -E "^\| $name " $D/$folder/results.md | sed "s|^|[$folder] |"
 }
@@ -48,10 +58,10 @@ reference)
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/fastapi-0.136.1-*.whl \
     2>&1 | grep -v WARNING; python3 -c "import fastapi; print('fastapi', fastapi.__version__)"
   RAY="python3 -m ray.scripts.scripts"
-  python3 -m pdserve demo-model /tmp/q8b --shape qwen3-8b > /dev/null || exit 1
+  python3 -m pdserve demo-model $MODEL_DIR --shape $SHAPE > /dev/null || exit 1
   $RAY start --head --node-ip-address 127.0.0.1 --num-gpus 1 --num-cpus 16 --dashboard-port 8265 \
     --metrics-export-port 8090 --disable-usage-stats > $D/ray-start.log 2>&1 || { tail -20 $D/ray-start.log; exit 1; }
-  python3 bench/gpu/reference_start.py --model-dir /tmp/q8b --out $D/reference.json --timeout-s 400 \
+  python3 bench/gpu/reference_start.py --model-dir $MODEL_DIR --served-name $SHAPE $REF_ARGS --out $D/reference.json --timeout-s 400 \
     > $D/ready.txt 2>&1; tail -2 $D/ready.txt
   grep -q '"status": "RUNNING"' $D/ready.txt && sweeps reference http://127.0.0.1:8000
   sleep 10  # Ray's agent exports what the replicas reported up to its last interval
@@ -60,7 +70,7 @@ reference)
   $RAY stop --force > /dev/null 2>&1
   tar czf $D/ray-logs.tgz -C /tmp/ray session_latest/logs 2>/dev/null ;;
 pdserve)
-  PORT=9000 COMPILE=vllm LOG_DIR=/tmp/sbs-logs
+  PORT=9000 COMPILE=vllm LOG_DIR=/tmp/sbs-logs  # CASE=reference: EAGER=1 above outweighs COMPILE
   source bench/gpu/pd_config.sh > $D/config.log 2>&1 || { cat $D/config.log; exit 1; }
   cp $CONFIG $D/pd.yaml
   python3 -m pdserve up --config $CONFIG > $D/up.log 2>&1 &
