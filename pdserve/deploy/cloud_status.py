@@ -34,7 +34,7 @@ from pdserve.deploy.eks import kubeconfig_argv, kubectl
 from pdserve.deploy.k8s import kubernetes_settings
 from pdserve.deploy.k8s_names import GATEWAY_PORT_NAME, gateway_service_name
 from pdserve.deploy.runner import Progress, capture, require_tools
-from pdserve.engines.kv_path import BUFFER_NOTE, NOTE_PREFIX, PROVIDER_NOTE, KvPath, kv_path_from_log
+from pdserve.engines.kv_path import BUFFER_NOTE, NOTE_PREFIX, KvPath, kv_path_from_log
 from pdserve.errors import DeployError
 from pdserve.gateway.kv_monitor import check_window
 from pdserve.pd.pair import COMPLETIONS
@@ -58,10 +58,11 @@ KV_LINK_EFA_ADVICE = f"{ADVICE[Link.NETWORK]}; `fi_info -p efa` in the engine po
 WORKER_CONTAINER = "ray-worker"  # the engine's container in each worker pod (deploy/rayservice.py)
 RAY_TMP = "/tmp/ray/"  # Ray's session logs, where a replica's output lands
 # One extended regex, so one exec per pod reads all of it: NIXL's "Backend %s was instantiated" (its Python
-# API, nixl _api.py), pdserve's notes at the top of each engine log (engines/launcher.py) and NIXL's debug
-# line naming the libfabric provider it opened. Also a valid Python regex, so stand-ins can apply it.
-KV_PATH_PATTERN = "|".join(("Backend [A-Z_]+ was instantiated", f"{NOTE_PREFIX}({BUFFER_NOTE}|{PROVIDER_NOTE}) .*",
-                            "rails? .*provider=[A-Za-z0-9_-]+"))
+# API, nixl _api.py), pdserve's note of where it put the KV buffer (engines/launcher.py) and NIXL's INFO line
+# naming the libfabric provider it opened (kv_path.OPENED_PROVIDER; the engines run at NIXL_LOG_LEVEL=INFO).
+# Also a valid Python regex, so stand-ins can apply it.
+KV_PATH_PATTERN = "|".join(("Backend [A-Z_]+ was instantiated", f"{NOTE_PREFIX}{BUFFER_NOTE} .*",
+                            "[0-9]+ rails using provider=[A-Za-z0-9_-]+"))
 # kubectl exec's stderr when the command ran and exited non-zero (it exits with that code too): grep's 1 is
 # "no line matched" and 2 "a path was unreadable"; any other failure is kubectl's own (no such pod, forbidden).
 _GREP_ANSWERED = re.compile(r"command terminated with exit code [12]\b")
@@ -317,8 +318,10 @@ def backend_check(pod: str, grep_output: str, *, expected: Sequence[str]) -> Che
 
 
 def _described(path: KvPath) -> str:
-    """``LIBFABRIC (provider efa, kv buffer cpu)``: the backends, then what pdserve noted, where known."""
-    details = [f"provider {path.provider}"] if path.provider else []
+    """``LIBFABRIC (provider efa, kv buffer cpu)``: the backends, the provider NIXL said it opened (LIBFABRIC
+    only; "provider not reported" without NIXL's line, never the FI_PROVIDER pdserve set), where the KV
+    buffer is."""
+    details = [f"provider {path.provider or 'not reported'}"] if "LIBFABRIC" in path.backends else []
     details += [f"kv buffer {path.buffer_device}"] if path.buffer_device else []
     return "+".join(path.backends) + (f" ({', '.join(details)})" if details else "")
 

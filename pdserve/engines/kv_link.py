@@ -21,6 +21,7 @@ PEERMEM_MODULES = ("nvidia_peermem", "efa_nv_peermem")
 # EC2 families whose EFA reads GPU memory in place (GPUDirect RDMA): the P-series from p4d on. Other EFA
 # instances (g6, g6e, ...) have RDMA read (EC2 User Guide, efa.html) but stage KV in host memory.
 GPUDIRECT_FAMILIES = ("p4d", "p4de", "p5", "p5e", "p5en", "p6")
+NIXL_LOG_LEVEL_ENV = "NIXL_LOG_LEVEL"  # read once per process by NIXL (src/utils/common/nixl_log.cpp)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +86,12 @@ def libfabric_env(provider: str) -> dict[str, str]:
     """Environment of an engine whose KV moves over NIXL's LIBFABRIC backend.
 
     FI_EFA_USE_DEVICE_RDMA stays unset: libfabric then uses the device's RDMA read wherever it has it
-    (NIXL asks for API 1.18; prov/efa efa_rdm_get_use_device_rdma), where 0 would emulate every read."""
-    env = {"FI_PROVIDER": provider}
+    (NIXL asks for API 1.18; prov/efa efa_rdm_get_use_device_rdma), where 0 would emulate every read.
+    NIXL_LOG_LEVEL=INFO, the least verbose level that prints NIXL's "Created N rails using provider=X"
+    (kv_path.OPENED_PROVIDER), so the provider reported is the one libfabric opened; NIXL's default, WARN,
+    prints none of it. INFO adds a few lines per engine start and per peer connection, none per transfer
+    (vLLM posts prepared transfers, whose path logs nothing at INFO: nixl src/core/nixl_agent.cpp)."""
+    env = {"FI_PROVIDER": provider, NIXL_LOG_LEVEL_ENV: "INFO"}
     if provider == "efa":
         # vLLM forks its workers after libfabric may have registered memory: fork-safe registration
         # (a no-op on kernels from 5.13, which copy registered pages on fork; man fi_efa).

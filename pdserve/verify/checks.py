@@ -111,7 +111,7 @@ EFA_ADVICE = ("EFA was asked for (placement.efa_devices or kv.libfabric_provider
 def kv_path_problems(path: KvPath, *, role: str, url: str, is_efa_asked: bool) -> list[str]:
     """What is wrong with the KV path one engine logged: not EFA where EFA was asked for."""
     if is_efa_asked and path.provider != "efa":
-        got = f"LIBFABRIC over {path.provider or 'an unknown provider'}" if "LIBFABRIC" in path.backends \
+        got = f"LIBFABRIC over {path.provider or 'a provider NIXL did not report'}" if "LIBFABRIC" in path.backends \
             else "+".join(path.backends)
         return [f"{role} engine {url} moves KV over {got}, not EFA. {EFA_ADVICE}"]
     return []

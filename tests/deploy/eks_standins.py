@@ -19,7 +19,8 @@ modelled:
   runs on the head only, so that worker is never Ready (ray-operator/controllers/ray/common/pod.go).
 - ``kubectl exec`` returns the remote command's exit code and says ``command terminated with exit code N``
   (kubectl pkg/cmd/exec, CodeExitError); an engine pod's log holds pdserve's notes and NIXL's
-  ``Backend X was instantiated`` (nixl src/api/python/_api.py); STANDIN_NIXL_BACKEND names X.
+  ``Backend X was instantiated`` (nixl src/api/python/_api.py); STANDIN_NIXL_BACKEND names X. With LIBFABRIC,
+  NIXL's INFO line ``Created 1 rails using provider=P`` comes first (ENGINE_LOG); STANDIN_NIXL_PROVIDER names P.
 - ``kubectl port-forward`` to the gateway reaches a gateway whose /metrics are the decode engine's NIXL
   counters as last scraped (pdserve/gateway/metrics.py, EngineKVCollector). Each completion POSTed with
   ``X-PD-Mode: pd`` and a prompt of token ids moves its KV: +1 transfer and prompt tokens x 147,456 bytes
@@ -199,11 +200,17 @@ def _get(words: list[str], namespace: str, state: dict[str, Any]) -> int:
     return 0
 
 
+# An engine's log: pdserve's notes (pdserve/engines/launcher.py), then NIXL's. Creating the LIBFABRIC backend
+# logs, through Abseil's prefix (severity+MMDD time thread file:line]), "Created N rails using provider=X"
+# at INFO (nixl src/utils/libfabric/libfabric_rail_manager.cpp), printed only at NIXL_LOG_LEVEL=INFO or lower
+# (src/utils/common/nixl_log.cpp); then NIXL's Python API logs the backend through its formatter
+# "%(asctime)s NIXL %(levelname)-7s %(filename)s:%(lineno)d %(message)s" (src/api/python/logging.py, _api.py).
 ENGINE_LOG = """=== pdserve: starting {role}-0: python -m vllm.entrypoints.openai.api_server
 === pdserve: kv buffer cpu: EFA without GPUDirect RDMA (no peermem module loaded)
 === pdserve: libfabric provider efa: placement.efa_devices=1
-2026 NIXL INFO _api.py:405 Backend {backend} was instantiated
+{rails}2026-12-03 10:00:02 NIXL INFO    _api.py:405 Backend {backend} was instantiated
 """
+RAILS_LINE = "I1203 10:00:02.512310     812 libfabric_rail_manager.cpp:232] Created 1 rails using provider={provider}\n"
 
 
 def _exec(words: list[str], state: dict[str, Any]) -> int:
@@ -219,7 +226,10 @@ def _exec(words: list[str], state: dict[str, Any]) -> int:
         return _error(f'Error from server (NotFound): pods "{name}" not found')
     role = pods[name]["metadata"]["labels"].get("app.kubernetes.io/component")
     backend = os.environ.get("STANDIN_NIXL_BACKEND", "LIBFABRIC")
-    log = ENGINE_LOG.format(role=role, backend=backend) if role in ("prefill", "decode") and backend else ""
+    # STANDIN_NIXL_PROVIDER: the provider libfabric opened; "" = no rails line (NIXL's default WARN level)
+    provider = os.environ.get("STANDIN_NIXL_PROVIDER", "efa")
+    rails = RAILS_LINE.format(provider=provider) if backend == "LIBFABRIC" and provider else ""
+    log = ENGINE_LOG.format(role=role, backend=backend, rails=rails) if role in ("prefill", "decode") and backend else ""
     pattern = next(word for word in command[1:] if not word.startswith("-"))
     found = [match.group(0) for line in log.splitlines() for match in re.finditer(pattern, line)]
     if not found:

@@ -28,15 +28,17 @@ from pdserve.verify.checks import ADVICE, Link
 from tests.deploy.test_eks import Standins, cloud, standins  # noqa: F401
 
 POD = "pdserve-raycluster-decode-worker-0"
+# NIXL's lines as it prints them at NIXL_LOG_LEVEL=INFO (eks_standins.ENGINE_LOG cites their sources)
 LIBFABRIC_LOG = """=== pdserve: starting decode-0: python -m vllm.entrypoints.openai.api_server
 === pdserve: kv buffer cpu: EFA without GPUDirect RDMA (no peermem module loaded)
 === pdserve: libfabric provider efa: placement.efa_devices=1
 (ServeReplica:pdserve:decode pid=812) INFO 12-03 10:00:01 [__init__.py:40] Loading model
-2026 NIXL INFO _api.py:405 Backend LIBFABRIC was instantiated
+I1203 10:00:02.512310     812 libfabric_rail_manager.cpp:232] Created 1 rails using provider=efa
+2026-12-03 10:00:02 NIXL INFO    _api.py:405 Backend LIBFABRIC was instantiated
 """
 # what `grep -rhoaEs ... KV_PATH_PATTERN` prints for LIBFABRIC_LOG
 LIBFABRIC_GREP = """=== pdserve: kv buffer cpu: EFA without GPUDirect RDMA (no peermem module loaded)
-=== pdserve: libfabric provider efa: placement.efa_devices=1
+1 rails using provider=efa
 Backend LIBFABRIC was instantiated
 """
 DECODE_URL = "http://10.0.3.7:8200"
@@ -49,6 +51,16 @@ PREFLIGHT = ("pdserve preflight: NIXL LIBFABRIC: fi_getinfo failed: No data avai
 def test_libfabric_instantiated_is_ok_with_its_provider_and_kv_buffer() -> None:
     check = backend_check(POD, LIBFABRIC_GREP, expected=["LIBFABRIC"])
     assert check == Check("nixl-backend", "OK", f"{POD}: LIBFABRIC (provider efa, kv buffer cpu)")
+
+
+def test_provider_is_not_reported_when_nixl_did_not_log_the_one_it_opened() -> None:
+    """pdserve's FI_PROVIDER note is what it asked for; the row reports only what NIXL said it opened."""
+    without_rails = "".join(line + "\n" for line in LIBFABRIC_GREP.splitlines() if "rails" not in line)
+    check = backend_check(POD, without_rails + "=== pdserve: libfabric provider efa: placement.efa_devices=1\n",
+                          expected=["LIBFABRIC"])
+    assert check == Check("nixl-backend", "OK", f"{POD}: LIBFABRIC (provider not reported, kv buffer cpu)")
+    tcp = backend_check(POD, LIBFABRIC_GREP.replace("provider=efa", "provider=tcp"), expected=["LIBFABRIC"])
+    assert tcp.detail == f"{POD}: LIBFABRIC (provider tcp, kv buffer cpu)"
 
 
 def test_ucx_alone_where_libfabric_is_asked_fails_saying_nixl_fell_back() -> None:
@@ -141,9 +153,23 @@ def test_status_confirms_libfabric_from_each_engine_pods_own_logs(standins: Stan
         assert re.search(rf"nixl-backend\s+OK\s+pdserve-raycluster-{role}-worker-0: LIBFABRIC "
                          r"\(provider efa, kv buffer cpu\)", result.output), result.output
     execs = [call for call in standins.calls() if call["words"][:1] == ["exec"]]
+    assert len(execs) == 2
     assert sorted(call["words"][3] for call in execs) == [f"pdserve-raycluster-{role}-worker-0"
                                                           for role in ("decode", "prefill")]
     assert all("--context" in call["argv"] and call["words"][4:6] == ["-c", "ray-worker"] for call in execs)
+
+
+@pytest.mark.parametrize(("provider", "shown"), [("tcp", "provider tcp"), ("", "provider not reported")],
+                         ids=["nixl-said-tcp", "nixl-silent"])
+def test_status_reports_the_provider_nixl_logged_not_the_one_pdserve_set(
+    standins: Standins, monkeypatch: pytest.MonkeyPatch, provider: str, shown: str,  # noqa: F811
+) -> None:
+    """The pods run with FI_PROVIDER=efa and pdserve's note says so; the row says what NIXL reported."""
+    assert cloud(standins, "up").exit_code == 0
+    monkeypatch.setenv("STANDIN_NIXL_PROVIDER", provider)
+    result = cloud(standins, "status")
+    assert re.search(rf"nixl-backend\s+OK\s+pdserve-raycluster-decode-worker-0: LIBFABRIC \({shown}, kv buffer cpu\)",
+                     result.output), result.output
 
 
 def test_status_fails_when_an_engine_fell_back_to_ucx(standins: Standins, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
