@@ -12,7 +12,6 @@ import random
 import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -23,6 +22,7 @@ from pdserve.deploy.cluster_view import (
     APP_HEADER,
     NODE_HEADER,
     POD_HEADER,
+    Check,
     app_rows,
     deployment_causes,
     engine_pods,
@@ -33,6 +33,17 @@ from pdserve.deploy.cluster_view import (
 from pdserve.deploy.eks import kubeconfig_argv, kubectl
 from pdserve.deploy.k8s import kubernetes_settings
 from pdserve.deploy.k8s_names import GATEWAY_PORT_NAME, gateway_service_name
+from pdserve.deploy.kv_link_row import (
+    KV_LINK_CHECK,
+    KV_LINK_FIRST_PROMPT_TOKENS,
+    KV_LINK_MAX_PROBES,
+    is_probe_done,
+    kv_link_bar,
+    kv_link_check,
+    kv_link_max_prompt_tokens,
+    kv_moved,
+    next_probe_tokens,
+)
 from pdserve.deploy.runner import Progress, capture, require_tools
 from pdserve.engines.kv_path import BUFFER_NOTE, NOTE_PREFIX, KvPath, kv_path_from_log
 from pdserve.errors import DeployError
@@ -41,20 +52,13 @@ from pdserve.pd.pair import COMPLETIONS
 from pdserve.pd.transfer_stats import TransferCounters
 from pdserve.protocol import PD_MODE_HEADER
 from pdserve.routing.decision import Mode
-from pdserve.verify.checks import ADVICE, Link
 from pdserve.verify.probe import pd_and_local_token_ids, probe_token_ids
 
 PORT_FORWARD_TIMEOUT_S = 30.0
 EXEC_TIMEOUT_S = 30.0
 CHECK_HEADER = ("CHECK", "RESULT", "DETAIL")
 NIXL_CHECK = "nixl-backend"
-KV_LINK_CHECK = "kv-link"
-# The kv-link probe's prompt: long enough that the KV bytes, not per-transfer latency, set the time (3,072
-# tokens of a Qwen3-8B-like model are 453 MB), and 64 tokens under max_model_len for the output token.
-KV_LINK_MAX_PROMPT_TOKENS = 3072
-KV_LINK_HEADROOM_TOKENS = 64
 KV_LINK_POLL_INTERVAL_S = 1.0
-KV_LINK_EFA_ADVICE = f"{ADVICE[Link.NETWORK]}; `fi_info -p efa` in the engine pods must list an EFA device"
 WORKER_CONTAINER = "ray-worker"  # the engine's container in each worker pod (deploy/rayservice.py)
 RAY_TMP = "/tmp/ray/"  # Ray's session logs, where a replica's output lands
 # One extended regex, so one exec per pod reads all of it: NIXL's "Backend %s was instantiated" (its Python
@@ -70,13 +74,6 @@ _FORWARDING = re.compile(rb"Forwarding from 127\.0\.0\.1:(\d+)")
 # the gateway's samples of the decode engines' counters (gateway/metrics.py) -> TransferCounters fields
 _KV_SAMPLES = {"pdserve_engine_kv_transfer_bytes_total": "bytes", "pdserve_engine_kv_transfer_seconds_total": "seconds",
                "pdserve_engine_kv_transfers_total": "transfers", "pdserve_engine_kv_transfer_failures_total": "failed"}
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    name: str
-    result: str  # OK, FAIL or SKIPPED
-    detail: str
 
 
 _ENGINE_PROBE = Check("engine-probe", "SKIPPED", "engines listen inside the cluster only; the KV rows above are "
@@ -200,26 +197,36 @@ async def _kv_transfers(session: aiohttp.ClientSession, gateway_url: str, settin
 
 
 async def _kv_link(session: aiohttp.ClientSession, gateway_url: str, settings: Settings) -> Check:
-    """The KV path as requests take it: one long PD request through the gateway, judged by what the decode
-    engine's NIXL counters moved for it (NCCL's all_reduce_perf would time NCCL's path, not NIXL's)."""
-    prompt_tokens = kv_link_prompt_tokens(settings.model.max_model_len)
-    # fresh prompt: one the decode engine has cached would not be transferred
-    prompt = probe_token_ids(prompt_tokens, seed=random.getrandbits(64))
+    """The KV path as requests take it: PD requests through the gateway, judged by what the decode engine's
+    NIXL counters moved for them (NCCL's all_reduce_perf would time NCCL's path, not NIXL's). Up to
+    KV_LINK_MAX_PROBES prompts, each sized from what the last moved (kv_link_row), the last one judged."""
+    max_tokens = kv_link_max_prompt_tokens(settings.model.max_model_len)
+    prompt_tokens = min(KV_LINK_FIRST_PROMPT_TOKENS, max_tokens)
     # the gateway re-reads the engines' counters every kv_scrape_interval_s: two reads and slack
     within_s = 2 * settings.gateway.kv_scrape_interval_s + 5
-    try:
-        before = await _read_kv_counters(session, gateway_url)
-        await _post_pd_completion(session, gateway_url, model=settings.model.served_name, prompt=prompt)
-        after = await _counters_after_a_transfer(session, gateway_url, before, within_s=within_s)
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        return Check(KV_LINK_CHECK, "FAIL", f"PD request of {prompt_tokens} tokens: {exc!r}")
-    return kv_link_check(before, after, bar_gbps=settings.gateway.slow_kv_gbps, prompt_tokens=prompt_tokens,
-                         waited_s=within_s)
+    sizes: list[tuple[int, float]] = []
+    for _ in range(KV_LINK_MAX_PROBES):
+        try:
+            before, after = await _kv_probe(session, gateway_url, settings, prompt_tokens=prompt_tokens,
+                                            within_s=within_s)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return Check(KV_LINK_CHECK, "FAIL", f"PD request of {prompt_tokens} tokens: {exc!r}")
+        moved = kv_moved(before, after)
+        if is_probe_done(moved, prompt_tokens=prompt_tokens, max_tokens=max_tokens):
+            break
+        sizes.append((prompt_tokens, max(delta.bytes for delta in moved.values())))
+        prompt_tokens = next_probe_tokens(sizes, max_tokens=max_tokens)
+    return kv_link_check(before, after, bar=kv_link_bar(settings), prompt_tokens=prompt_tokens, waited_s=within_s)
 
 
-def kv_link_prompt_tokens(max_model_len: int) -> int:
-    """The kv-link probe's prompt length, tokens: as long as the model allows, up to 3,072."""
-    return max(1, min(max_model_len - KV_LINK_HEADROOM_TOKENS, KV_LINK_MAX_PROMPT_TOKENS))
+async def _kv_probe(session: aiohttp.ClientSession, gateway_url: str, settings: Settings, *, prompt_tokens: int,
+                    within_s: float) -> tuple[dict[str, TransferCounters], dict[str, TransferCounters]]:
+    """The gateway's KV counters before and after one PD request of a fresh ``prompt_tokens``-token prompt
+    (one the decode engine has cached would not be transferred)."""
+    prompt = probe_token_ids(prompt_tokens, seed=random.getrandbits(64))
+    before = await _read_kv_counters(session, gateway_url)
+    await _post_pd_completion(session, gateway_url, model=settings.model.served_name, prompt=prompt)
+    return before, await _counters_after_a_transfer(session, gateway_url, before, within_s=within_s)
 
 
 async def _post_pd_completion(session: aiohttp.ClientSession, gateway_url: str, *, model: str,
@@ -242,36 +249,6 @@ async def _counters_after_a_transfer(
         if kv_moved(before, after) or loop.time() >= deadline_s:
             return after
         await asyncio.sleep(KV_LINK_POLL_INTERVAL_S)
-
-
-def kv_moved(before: dict[str, TransferCounters], after: dict[str, TransferCounters]) -> dict[str, TransferCounters]:
-    """Decode engine URL -> what it counted between the two readings, for each engine that finished or failed
-    a transfer in between. Pure."""
-    deltas = {url: total.since(before.get(url, TransferCounters())) for url, total in after.items()}
-    return {url: delta for url, delta in deltas.items() if delta.transfers > 0 or delta.failed > 0}
-
-
-def kv_link_check(before: dict[str, TransferCounters], after: dict[str, TransferCounters], *, bar_gbps: float,
-                  prompt_tokens: int, waited_s: float) -> Check:
-    """Pure: the kv-link row from the gateway's KV counters before the probe and after it. OK at ``bar_gbps``
-    (gateway.slow_kv_gbps) or faster; FAIL, saying what to check, when slower or a transfer failed; SKIPPED
-    when no engine counted a transfer in ``waited_s``. With other traffic moving KV too, the engine that
-    moved most is judged: the probe's prompt is long."""
-    moved = kv_moved(before, after)
-    if not moved:
-        return Check(KV_LINK_CHECK, "SKIPPED", f"no decode engine counted a KV transfer within {waited_s:g} s of a "
-                                               f"{prompt_tokens}-token PD request: it recomputed the prompt instead "
-                                               "(is the KV connector set on both engines?)")
-    url, delta = max(moved.items(), key=lambda item: item[1].bytes)
-    count = f"{delta.transfers:.0f} transfer{'' if delta.transfers == 1 else 's'}"
-    measured = f"{url}: {delta.bytes / 1e6:.1f} MB in {count} at {delta.gbps:.3g} GB/s (prompt {prompt_tokens} tokens)"
-    if delta.failed:
-        return Check(KV_LINK_CHECK, "FAIL", f"{url}: {delta.failed:.0f} KV transfer(s) failed (prompt "
-                                            f"{prompt_tokens} tokens). {KV_LINK_EFA_ADVICE}")
-    if delta.gbps < bar_gbps:
-        return Check(KV_LINK_CHECK, "FAIL", f"{measured}, under gateway.slow_kv_gbps {bar_gbps:g} GB/s. "
-                                            f"{KV_LINK_EFA_ADVICE}")
-    return Check(KV_LINK_CHECK, "OK", measured)
 
 
 async def _backend_check(settings: Settings, pod: str, *, expected: Sequence[str], timeout_s: float) -> Check:

@@ -66,8 +66,8 @@ def kv_path_from_log(log_text: str) -> KvPath:
             buffer_device, buffer_reason = buffer.group(1), buffer.group(2).strip()
         elif provider := OPENED_PROVIDER.search(line):
             opened = provider.group(1)
-    provider = opened if "LIBFABRIC" in backends else ""
-    return KvPath(backends=backends, transports=tuple(sorted(reads)), provider=provider,
+    return KvPath(backends=backends, transports=tuple(sorted(reads)),
+                  provider=opened if "LIBFABRIC" in backends else "",
                   buffer_device=buffer_device, buffer_reason=buffer_reason)
 
 
