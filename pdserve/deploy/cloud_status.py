@@ -1,6 +1,7 @@
 """``pdserve cloud status``: pods and their nodes, GPU and EFA per node, the Serve app and why a deployment
-failed, the checks the gateway answers through a ``kubectl port-forward`` (among them ``kv-link``: one long
-PD request, timed by the decode engine's own NIXL counters), and the NIXL backend each engine logged (one
+failed, the checks the gateway answers through a ``kubectl port-forward`` (among them ``kv-link``: PD requests
+sized from the served model's KV, timed by the decode engine's own NIXL counters and judged against a bar
+that tells EFA from TCP: kv_link_row.py), and the NIXL backend each engine logged (one
 ``kubectl exec ... grep`` per engine pod). The engines listen on pod addresses inside the cluster, so
 ``pdserve verify``'s engine-to-engine probe cannot run from here and is reported skipped.
 """

@@ -11,9 +11,9 @@ The bar: on EFA, faster than TCP can go on the instance type chosen, so a KV pat
 over the node's ENA fails instead of passing a fixed bar.
 
 EFA and ENA share the instance's network bandwidth, so many TCP flows together could match EFA; one flow
-cannot. NIXL's fallbacks move one peer's KV over one connection (libfabric's tcp provider: one rail, on the
-first device: nixl src/utils/libfabric/libfabric_common.cpp), so the ceiling of a single TCP flow between two
-instances is what tells them apart.
+cannot. NIXL over libfabric's tcp provider moves one peer's KV over one connection (one rail, on the first
+device: nixl src/utils/libfabric/libfabric_common.cpp), so the ceiling of a single TCP flow between two
+instances is what tells them apart. (A fallback to NIXL's UCX shows in the nixl-backend rows instead.)
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ TCP_FALLBACK_ADVICE = ("the KV fell back to TCP over the node's ENA: check the n
 @dataclass(frozen=True, slots=True)
 class KvLinkBar:
     gbps: float  # GB/s: the probe passes at this rate or faster
-    what: str  # what the bar is, for the row: "one TCP flow's 1.25 GB/s on g6.8xlarge (EFA: 3.12 GB/s)"
+    what: str  # what the bar is, for the row: "one TCP flow's 1.25 GB/s on g6.8xlarge (its EFA: 3.12 GB/s)"
     is_tcp_ceiling: bool  # a slower probe moved at TCP speed: say so
 
 
