@@ -36,6 +36,7 @@ from pdserve.deploy.k8s import kubernetes_settings
 from pdserve.deploy.k8s_names import GATEWAY_PORT_NAME, gateway_service_name
 from pdserve.deploy.kv_link_row import (
     KV_LINK_CHECK,
+    KV_LINK_EFA_ADVICE,
     KV_LINK_FIRST_PROMPT_TOKENS,
     KV_LINK_MAX_PROBES,
     is_probe_done,
@@ -46,12 +47,14 @@ from pdserve.deploy.kv_link_row import (
     next_probe_tokens,
 )
 from pdserve.deploy.runner import Progress, capture, require_tools
+from pdserve.engines.kv_link import is_efa_asked
 from pdserve.engines.kv_path import BUFFER_NOTE, NOTE_PREFIX, KvPath, kv_path_from_log
 from pdserve.errors import DeployError
 from pdserve.gateway.kv_monitor import check_window
 from pdserve.pd.pair import COMPLETIONS
 from pdserve.pd.transfer_stats import TransferCounters
 from pdserve.protocol import PD_MODE_HEADER
+from pdserve.role import Role
 from pdserve.routing.decision import Mode
 from pdserve.verify.probe import pd_and_local_token_ids, probe_token_ids
 
@@ -107,12 +110,14 @@ def cloud_status(settings: Settings, *, progress: Progress, timeout_s: float = 1
 
 async def _checks(settings: Settings, engines: Sequence[str], *, timeout_s: float) -> list[Check]:
     """The gateway's checks and each engine pod's NIXL backend, read side by side."""
-    expected = kubernetes_settings(settings).kv.backends  # the backends the cluster runs with
+    cluster = kubernetes_settings(settings)  # the backends and provider the cluster runs with
+    expected = cluster.kv.backends
+    provider = "efa" if is_efa_asked(cluster.kv, tuple(cluster.pool(role) for role in Role)) else ""
     exec_timeout_s = min(timeout_s, EXEC_TIMEOUT_S)
     through_gateway, backends = await asyncio.gather(
         _checks_through_gateway(settings, timeout_s=timeout_s),
-        asyncio.gather(*(_backend_check(settings, pod, expected=expected, timeout_s=exec_timeout_s)
-                         for pod in engines)),
+        asyncio.gather(*(_backend_check(settings, pod, expected=expected, provider=provider,
+                                        timeout_s=exec_timeout_s) for pod in engines)),
     )
     return [*through_gateway, *backends, _ENGINE_PROBE]
 
@@ -252,13 +257,15 @@ async def _counters_after_a_transfer(
         await asyncio.sleep(KV_LINK_POLL_INTERVAL_S)
 
 
-async def _backend_check(settings: Settings, pod: str, *, expected: Sequence[str], timeout_s: float) -> Check:
-    """``pod``'s nixl-backend row from one ``kubectl exec ... grep``, against the ``expected`` backends."""
+async def _backend_check(settings: Settings, pod: str, *, expected: Sequence[str], provider: str,
+                         timeout_s: float) -> Check:
+    """``pod``'s nixl-backend row from one ``kubectl exec ... grep``, against the ``expected`` backends and
+    libfabric ``provider``."""
     try:
         exit_code, stdout, stderr = await _run(backend_grep_argv(settings, pod), timeout_s=timeout_s)
     except TimeoutError:
         return Check(NIXL_CHECK, "SKIPPED", f"{pod}: kubectl exec did not finish in {timeout_s:.0f}s")
-    return exec_check(pod, exit_code=exit_code, stdout=stdout, stderr=stderr, expected=expected)
+    return exec_check(pod, exit_code=exit_code, stdout=stdout, stderr=stderr, expected=expected, provider=provider)
 
 
 def backend_grep_argv(settings: Settings, pod: str) -> tuple[str, ...]:
@@ -273,21 +280,26 @@ def backend_grep_argv(settings: Settings, pod: str) -> tuple[str, ...]:
                    "grep", "-rhoaEs", "--devices=skip", KV_PATH_PATTERN, *paths)
 
 
-def exec_check(pod: str, *, exit_code: int, stdout: str, stderr: str, expected: Sequence[str]) -> Check:
+def exec_check(pod: str, *, exit_code: int, stdout: str, stderr: str, expected: Sequence[str],
+               provider: str = "") -> Check:
     """Pure: the row for one ``kubectl exec ... grep``. Judged on grep's answer (lines, or exit 1 or 2 when
     none matched); SKIPPED, saying why, when kubectl never got one, which says nothing of the backend."""
     if stdout.strip() or _GREP_ANSWERED.search(stderr):
-        return backend_check(pod, stdout, expected=expected)
+        return backend_check(pod, stdout, expected=expected, provider=provider)
     why = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit {exit_code} and no output"
     return Check(NIXL_CHECK, "SKIPPED", f"{pod}: kubectl exec gave no answer from grep: {why}")
 
 
-def backend_check(pod: str, grep_output: str, *, expected: Sequence[str]) -> Check:
+def backend_check(pod: str, grep_output: str, *, expected: Sequence[str], provider: str = "") -> Check:
     """Pure: OK when every backend of ``expected`` (kv.backends as the cluster runs it) was instantiated in
-    ``pod``'s engine, per ``grep_output`` (its log lines ``KV_PATH_PATTERN`` matched); else FAIL naming
-    what was instantiated instead, or that nothing was."""
+    ``pod``'s engine, per ``grep_output`` (its log lines ``KV_PATH_PATTERN`` matched), and LIBFABRIC, where
+    NIXL reported its provider, opened ``provider`` ("" = any); else FAIL naming what was instantiated or
+    opened instead, or that nothing was."""
     path = kv_path_from_log(grep_output)
     if all(backend in path.backends for backend in expected):
+        if provider and path.provider and path.provider != provider:
+            return Check(NIXL_CHECK, "FAIL", f"{pod}: {_described(path)}: NIXL opened libfabric's {path.provider} "
+                                             f"provider, not {provider} ({KV_LINK_EFA_ADVICE})")
         return Check(NIXL_CHECK, "OK", f"{pod}: {_described(path)}")
     if not path.backends:
         return Check(NIXL_CHECK, "FAIL", f"{pod}: no NIXL backend was instantiated (no 'Backend ... was "

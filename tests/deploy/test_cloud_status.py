@@ -48,8 +48,17 @@ def test_provider_is_not_reported_when_nixl_did_not_log_the_one_it_opened() -> N
     check = backend_check(POD, without_rails + "=== pdserve: libfabric provider efa: placement.efa_devices=1\n",
                           expected=["LIBFABRIC"])
     assert check == Check("nixl-backend", "OK", f"{POD}: LIBFABRIC (provider not reported, kv buffer cpu)")
-    tcp = backend_check(POD, LIBFABRIC_GREP.replace("provider=efa", "provider=tcp"), expected=["LIBFABRIC"])
-    assert tcp.detail == f"{POD}: LIBFABRIC (provider tcp, kv buffer cpu)"
+    tcp = LIBFABRIC_GREP.replace("provider=efa", "provider=tcp")
+    assert backend_check(POD, tcp, expected=["LIBFABRIC"]).detail == f"{POD}: LIBFABRIC (provider tcp, kv buffer cpu)"
+
+
+def test_libfabric_over_another_provider_where_efa_is_placed_fails_naming_it() -> None:
+    tcp = backend_check(POD, LIBFABRIC_GREP.replace("provider=efa", "provider=tcp"), expected=["LIBFABRIC"],
+                        provider="efa")
+    assert tcp.result == "FAIL"
+    assert tcp.detail.startswith(f"{POD}: LIBFABRIC (provider tcp, kv buffer cpu): NIXL opened libfabric's tcp "
+                                 "provider, not efa (")
+    assert backend_check(POD, LIBFABRIC_GREP, expected=["LIBFABRIC"], provider="efa").result == "OK"
 
 
 def test_ucx_alone_where_libfabric_is_asked_fails_saying_nixl_fell_back() -> None:
@@ -148,17 +157,19 @@ def test_status_confirms_libfabric_from_each_engine_pods_own_logs(standins: Stan
     assert all("--context" in call["argv"] and call["words"][4:6] == ["-c", "ray-worker"] for call in execs)
 
 
-@pytest.mark.parametrize(("provider", "shown"), [("tcp", "provider tcp"), ("", "provider not reported")],
-                         ids=["nixl-said-tcp", "nixl-silent"])
+@pytest.mark.parametrize(("provider", "result_word", "detail"), [
+    ("tcp", "FAIL", "(provider tcp, kv buffer cpu): NIXL opened libfabric's tcp provider, not efa"),
+    ("", "OK", "(provider not reported, kv buffer cpu)"),
+], ids=["nixl-said-tcp", "nixl-silent"])
 def test_status_reports_the_provider_nixl_logged_not_the_one_pdserve_set(
-    standins: Standins, monkeypatch: pytest.MonkeyPatch, provider: str, shown: str,  # noqa: F811
+    standins: Standins, monkeypatch: pytest.MonkeyPatch, provider: str, result_word: str, detail: str,  # noqa: F811
 ) -> None:
     """The pods run with FI_PROVIDER=efa and pdserve's note says so; the row says what NIXL reported."""
     assert cloud(standins, "up").exit_code == 0
     monkeypatch.setenv("STANDIN_NIXL_PROVIDER", provider)
     result = cloud(standins, "status")
-    assert re.search(rf"nixl-backend\s+OK\s+pdserve-raycluster-decode-worker-0: LIBFABRIC \({shown}, kv buffer cpu\)",
-                     result.output), result.output
+    assert re.search(rf"nixl-backend\s+{result_word}\s+pdserve-raycluster-decode-worker-0: LIBFABRIC "
+                     + re.escape(detail), result.output), result.output
 
 
 def test_status_fails_when_an_engine_fell_back_to_ucx(standins: Standins, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
