@@ -1,6 +1,7 @@
 """``pdserve cloud status``: pods and their nodes, GPU and EFA per node, the Serve app and why a deployment
-failed, the checks the gateway answers through a ``kubectl port-forward`` (among them ``kv-link``: one long
-PD request, timed by the decode engine's own NIXL counters), and the NIXL backend each engine logged (one
+failed, the checks the gateway answers through a ``kubectl port-forward`` (among them ``kv-link``: PD requests
+sized from the served model's KV, timed by the decode engine's own NIXL counters and judged against a bar
+that tells EFA from TCP: kv_link_row.py), and the NIXL backend each engine logged (one
 ``kubectl exec ... grep`` per engine pod). The engines listen on pod addresses inside the cluster, so
 ``pdserve verify``'s engine-to-engine probe cannot run from here and is reported skipped.
 """
@@ -12,7 +13,6 @@ import random
 import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -23,6 +23,7 @@ from pdserve.deploy.cluster_view import (
     APP_HEADER,
     NODE_HEADER,
     POD_HEADER,
+    Check,
     app_rows,
     deployment_causes,
     engine_pods,
@@ -33,35 +34,43 @@ from pdserve.deploy.cluster_view import (
 from pdserve.deploy.eks import kubeconfig_argv, kubectl
 from pdserve.deploy.k8s import kubernetes_settings
 from pdserve.deploy.k8s_names import GATEWAY_PORT_NAME, gateway_service_name
+from pdserve.deploy.kv_link_row import (
+    KV_LINK_CHECK,
+    KV_LINK_EFA_ADVICE,
+    KV_LINK_FIRST_PROMPT_TOKENS,
+    KV_LINK_MAX_PROBES,
+    is_probe_done,
+    kv_link_bar,
+    kv_link_check,
+    kv_link_max_prompt_tokens,
+    kv_moved,
+    next_probe_tokens,
+)
 from pdserve.deploy.runner import Progress, capture, require_tools
-from pdserve.engines.kv_path import BUFFER_NOTE, NOTE_PREFIX, PROVIDER_NOTE, KvPath, kv_path_from_log
+from pdserve.engines.kv_link import is_efa_asked
+from pdserve.engines.kv_path import BUFFER_NOTE, NOTE_PREFIX, KvPath, kv_path_from_log
 from pdserve.errors import DeployError
 from pdserve.gateway.kv_monitor import check_window
 from pdserve.pd.pair import COMPLETIONS
 from pdserve.pd.transfer_stats import TransferCounters
 from pdserve.protocol import PD_MODE_HEADER
+from pdserve.role import Role
 from pdserve.routing.decision import Mode
-from pdserve.verify.checks import ADVICE, Link
 from pdserve.verify.probe import pd_and_local_token_ids, probe_token_ids
 
 PORT_FORWARD_TIMEOUT_S = 30.0
 EXEC_TIMEOUT_S = 30.0
 CHECK_HEADER = ("CHECK", "RESULT", "DETAIL")
 NIXL_CHECK = "nixl-backend"
-KV_LINK_CHECK = "kv-link"
-# The kv-link probe's prompt: long enough that the KV bytes, not per-transfer latency, set the time (3,072
-# tokens of a Qwen3-8B-like model are 453 MB), and 64 tokens under max_model_len for the output token.
-KV_LINK_MAX_PROMPT_TOKENS = 3072
-KV_LINK_HEADROOM_TOKENS = 64
 KV_LINK_POLL_INTERVAL_S = 1.0
-KV_LINK_EFA_ADVICE = f"{ADVICE[Link.NETWORK]}; `fi_info -p efa` in the engine pods must list an EFA device"
 WORKER_CONTAINER = "ray-worker"  # the engine's container in each worker pod (deploy/rayservice.py)
 RAY_TMP = "/tmp/ray/"  # Ray's session logs, where a replica's output lands
 # One extended regex, so one exec per pod reads all of it: NIXL's "Backend %s was instantiated" (its Python
-# API, nixl _api.py), pdserve's notes at the top of each engine log (engines/launcher.py) and NIXL's debug
-# line naming the libfabric provider it opened. Also a valid Python regex, so stand-ins can apply it.
-KV_PATH_PATTERN = "|".join(("Backend [A-Z_]+ was instantiated", f"{NOTE_PREFIX}({BUFFER_NOTE}|{PROVIDER_NOTE}) .*",
-                            "rails? .*provider=[A-Za-z0-9_-]+"))
+# API, nixl _api.py), pdserve's note of where it put the KV buffer (engines/launcher.py) and NIXL's INFO line
+# naming the libfabric provider it opened (kv_path.OPENED_PROVIDER; the engines run at NIXL_LOG_LEVEL=INFO).
+# Also a valid Python regex, so stand-ins can apply it.
+KV_PATH_PATTERN = "|".join(("Backend [A-Z_]+ was instantiated", f"{NOTE_PREFIX}{BUFFER_NOTE} .*",
+                            "[0-9]+ rails using provider=[A-Za-z0-9_-]+"))
 # kubectl exec's stderr when the command ran and exited non-zero (it exits with that code too): grep's 1 is
 # "no line matched" and 2 "a path was unreadable"; any other failure is kubectl's own (no such pod, forbidden).
 _GREP_ANSWERED = re.compile(r"command terminated with exit code [12]\b")
@@ -69,13 +78,6 @@ _FORWARDING = re.compile(rb"Forwarding from 127\.0\.0\.1:(\d+)")
 # the gateway's samples of the decode engines' counters (gateway/metrics.py) -> TransferCounters fields
 _KV_SAMPLES = {"pdserve_engine_kv_transfer_bytes_total": "bytes", "pdserve_engine_kv_transfer_seconds_total": "seconds",
                "pdserve_engine_kv_transfers_total": "transfers", "pdserve_engine_kv_transfer_failures_total": "failed"}
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    name: str
-    result: str  # OK, FAIL or SKIPPED
-    detail: str
 
 
 _ENGINE_PROBE = Check("engine-probe", "SKIPPED", "engines listen inside the cluster only; the KV rows above are "
@@ -108,12 +110,14 @@ def cloud_status(settings: Settings, *, progress: Progress, timeout_s: float = 1
 
 async def _checks(settings: Settings, engines: Sequence[str], *, timeout_s: float) -> list[Check]:
     """The gateway's checks and each engine pod's NIXL backend, read side by side."""
-    expected = kubernetes_settings(settings).kv.backends  # the backends the cluster runs with
+    cluster = kubernetes_settings(settings)  # the backends and provider the cluster runs with
+    expected = cluster.kv.backends
+    provider = "efa" if is_efa_asked(cluster.kv, tuple(cluster.pool(role) for role in Role)) else ""
     exec_timeout_s = min(timeout_s, EXEC_TIMEOUT_S)
     through_gateway, backends = await asyncio.gather(
         _checks_through_gateway(settings, timeout_s=timeout_s),
-        asyncio.gather(*(_backend_check(settings, pod, expected=expected, timeout_s=exec_timeout_s)
-                         for pod in engines)),
+        asyncio.gather(*(_backend_check(settings, pod, expected=expected, provider=provider,
+                                        timeout_s=exec_timeout_s) for pod in engines)),
     )
     return [*through_gateway, *backends, _ENGINE_PROBE]
 
@@ -199,26 +203,36 @@ async def _kv_transfers(session: aiohttp.ClientSession, gateway_url: str, settin
 
 
 async def _kv_link(session: aiohttp.ClientSession, gateway_url: str, settings: Settings) -> Check:
-    """The KV path as requests take it: one long PD request through the gateway, judged by what the decode
-    engine's NIXL counters moved for it (NCCL's all_reduce_perf would time NCCL's path, not NIXL's)."""
-    prompt_tokens = kv_link_prompt_tokens(settings.model.max_model_len)
-    # fresh prompt: one the decode engine has cached would not be transferred
-    prompt = probe_token_ids(prompt_tokens, seed=random.getrandbits(64))
+    """The KV path as requests take it: PD requests through the gateway, judged by what the decode engine's
+    NIXL counters moved for them (NCCL's all_reduce_perf would time NCCL's path, not NIXL's). Up to
+    KV_LINK_MAX_PROBES prompts, each sized from what the last moved (kv_link_row), the last one judged."""
+    max_tokens = kv_link_max_prompt_tokens(settings.model.max_model_len)
+    prompt_tokens = min(KV_LINK_FIRST_PROMPT_TOKENS, max_tokens)
     # the gateway re-reads the engines' counters every kv_scrape_interval_s: two reads and slack
     within_s = 2 * settings.gateway.kv_scrape_interval_s + 5
-    try:
-        before = await _read_kv_counters(session, gateway_url)
-        await _post_pd_completion(session, gateway_url, model=settings.model.served_name, prompt=prompt)
-        after = await _counters_after_a_transfer(session, gateway_url, before, within_s=within_s)
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        return Check(KV_LINK_CHECK, "FAIL", f"PD request of {prompt_tokens} tokens: {exc!r}")
-    return kv_link_check(before, after, bar_gbps=settings.gateway.slow_kv_gbps, prompt_tokens=prompt_tokens,
-                         waited_s=within_s)
+    sizes: list[tuple[int, float]] = []
+    for _ in range(KV_LINK_MAX_PROBES):
+        try:
+            before, after = await _kv_probe(session, gateway_url, settings, prompt_tokens=prompt_tokens,
+                                            within_s=within_s)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return Check(KV_LINK_CHECK, "FAIL", f"PD request of {prompt_tokens} tokens: {exc!r}")
+        moved = kv_moved(before, after)
+        if is_probe_done(moved, prompt_tokens=prompt_tokens, max_tokens=max_tokens):
+            break
+        sizes.append((prompt_tokens, max(delta.bytes for delta in moved.values())))
+        prompt_tokens = next_probe_tokens(sizes, max_tokens=max_tokens)
+    return kv_link_check(before, after, bar=kv_link_bar(settings), prompt_tokens=prompt_tokens, waited_s=within_s)
 
 
-def kv_link_prompt_tokens(max_model_len: int) -> int:
-    """The kv-link probe's prompt length, tokens: as long as the model allows, up to 3,072."""
-    return max(1, min(max_model_len - KV_LINK_HEADROOM_TOKENS, KV_LINK_MAX_PROMPT_TOKENS))
+async def _kv_probe(session: aiohttp.ClientSession, gateway_url: str, settings: Settings, *, prompt_tokens: int,
+                    within_s: float) -> tuple[dict[str, TransferCounters], dict[str, TransferCounters]]:
+    """The gateway's KV counters before and after one PD request of a fresh ``prompt_tokens``-token prompt
+    (one the decode engine has cached would not be transferred)."""
+    prompt = probe_token_ids(prompt_tokens, seed=random.getrandbits(64))
+    before = await _read_kv_counters(session, gateway_url)
+    await _post_pd_completion(session, gateway_url, model=settings.model.served_name, prompt=prompt)
+    return before, await _counters_after_a_transfer(session, gateway_url, before, within_s=within_s)
 
 
 async def _post_pd_completion(session: aiohttp.ClientSession, gateway_url: str, *, model: str,
@@ -243,43 +257,15 @@ async def _counters_after_a_transfer(
         await asyncio.sleep(KV_LINK_POLL_INTERVAL_S)
 
 
-def kv_moved(before: dict[str, TransferCounters], after: dict[str, TransferCounters]) -> dict[str, TransferCounters]:
-    """Decode engine URL -> what it counted between the two readings, for each engine that finished or failed
-    a transfer in between. Pure."""
-    deltas = {url: total.since(before.get(url, TransferCounters())) for url, total in after.items()}
-    return {url: delta for url, delta in deltas.items() if delta.transfers > 0 or delta.failed > 0}
-
-
-def kv_link_check(before: dict[str, TransferCounters], after: dict[str, TransferCounters], *, bar_gbps: float,
-                  prompt_tokens: int, waited_s: float) -> Check:
-    """Pure: the kv-link row from the gateway's KV counters before the probe and after it. OK at ``bar_gbps``
-    (gateway.slow_kv_gbps) or faster; FAIL, saying what to check, when slower or a transfer failed; SKIPPED
-    when no engine counted a transfer in ``waited_s``. With other traffic moving KV too, the engine that
-    moved most is judged: the probe's prompt is long."""
-    moved = kv_moved(before, after)
-    if not moved:
-        return Check(KV_LINK_CHECK, "SKIPPED", f"no decode engine counted a KV transfer within {waited_s:g} s of a "
-                                               f"{prompt_tokens}-token PD request: it recomputed the prompt instead "
-                                               "(is the KV connector set on both engines?)")
-    url, delta = max(moved.items(), key=lambda item: item[1].bytes)
-    count = f"{delta.transfers:.0f} transfer{'' if delta.transfers == 1 else 's'}"
-    measured = f"{url}: {delta.bytes / 1e6:.1f} MB in {count} at {delta.gbps:.3g} GB/s (prompt {prompt_tokens} tokens)"
-    if delta.failed:
-        return Check(KV_LINK_CHECK, "FAIL", f"{url}: {delta.failed:.0f} KV transfer(s) failed (prompt "
-                                            f"{prompt_tokens} tokens). {KV_LINK_EFA_ADVICE}")
-    if delta.gbps < bar_gbps:
-        return Check(KV_LINK_CHECK, "FAIL", f"{measured}, under gateway.slow_kv_gbps {bar_gbps:g} GB/s. "
-                                            f"{KV_LINK_EFA_ADVICE}")
-    return Check(KV_LINK_CHECK, "OK", measured)
-
-
-async def _backend_check(settings: Settings, pod: str, *, expected: Sequence[str], timeout_s: float) -> Check:
-    """``pod``'s nixl-backend row from one ``kubectl exec ... grep``, against the ``expected`` backends."""
+async def _backend_check(settings: Settings, pod: str, *, expected: Sequence[str], provider: str,
+                         timeout_s: float) -> Check:
+    """``pod``'s nixl-backend row from one ``kubectl exec ... grep``, against the ``expected`` backends and
+    libfabric ``provider``."""
     try:
         exit_code, stdout, stderr = await _run(backend_grep_argv(settings, pod), timeout_s=timeout_s)
     except TimeoutError:
         return Check(NIXL_CHECK, "SKIPPED", f"{pod}: kubectl exec did not finish in {timeout_s:.0f}s")
-    return exec_check(pod, exit_code=exit_code, stdout=stdout, stderr=stderr, expected=expected)
+    return exec_check(pod, exit_code=exit_code, stdout=stdout, stderr=stderr, expected=expected, provider=provider)
 
 
 def backend_grep_argv(settings: Settings, pod: str) -> tuple[str, ...]:
@@ -294,21 +280,26 @@ def backend_grep_argv(settings: Settings, pod: str) -> tuple[str, ...]:
                    "grep", "-rhoaEs", "--devices=skip", KV_PATH_PATTERN, *paths)
 
 
-def exec_check(pod: str, *, exit_code: int, stdout: str, stderr: str, expected: Sequence[str]) -> Check:
+def exec_check(pod: str, *, exit_code: int, stdout: str, stderr: str, expected: Sequence[str],
+               provider: str = "") -> Check:
     """Pure: the row for one ``kubectl exec ... grep``. Judged on grep's answer (lines, or exit 1 or 2 when
     none matched); SKIPPED, saying why, when kubectl never got one, which says nothing of the backend."""
     if stdout.strip() or _GREP_ANSWERED.search(stderr):
-        return backend_check(pod, stdout, expected=expected)
+        return backend_check(pod, stdout, expected=expected, provider=provider)
     why = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit {exit_code} and no output"
     return Check(NIXL_CHECK, "SKIPPED", f"{pod}: kubectl exec gave no answer from grep: {why}")
 
 
-def backend_check(pod: str, grep_output: str, *, expected: Sequence[str]) -> Check:
+def backend_check(pod: str, grep_output: str, *, expected: Sequence[str], provider: str = "") -> Check:
     """Pure: OK when every backend of ``expected`` (kv.backends as the cluster runs it) was instantiated in
-    ``pod``'s engine, per ``grep_output`` (its log lines ``KV_PATH_PATTERN`` matched); else FAIL naming
-    what was instantiated instead, or that nothing was."""
+    ``pod``'s engine, per ``grep_output`` (its log lines ``KV_PATH_PATTERN`` matched), and LIBFABRIC, where
+    NIXL reported its provider, opened ``provider`` ("" = any); else FAIL naming what was instantiated or
+    opened instead, or that nothing was."""
     path = kv_path_from_log(grep_output)
     if all(backend in path.backends for backend in expected):
+        if provider and path.provider and path.provider != provider:
+            return Check(NIXL_CHECK, "FAIL", f"{pod}: {_described(path)}: NIXL opened libfabric's {path.provider} "
+                                             f"provider, not {provider} ({KV_LINK_EFA_ADVICE})")
         return Check(NIXL_CHECK, "OK", f"{pod}: {_described(path)}")
     if not path.backends:
         return Check(NIXL_CHECK, "FAIL", f"{pod}: no NIXL backend was instantiated (no 'Backend ... was "
@@ -317,8 +308,10 @@ def backend_check(pod: str, grep_output: str, *, expected: Sequence[str]) -> Che
 
 
 def _described(path: KvPath) -> str:
-    """``LIBFABRIC (provider efa, kv buffer cpu)``: the backends, then what pdserve noted, where known."""
-    details = [f"provider {path.provider}"] if path.provider else []
+    """``LIBFABRIC (provider efa, kv buffer cpu)``: the backends, the provider NIXL said it opened (LIBFABRIC
+    only; "provider not reported" without NIXL's line, never the FI_PROVIDER pdserve set), where the KV
+    buffer is."""
+    details = [f"provider {path.provider or 'not reported'}"] if "LIBFABRIC" in path.backends else []
     details += [f"kv buffer {path.buffer_device}"] if path.buffer_device else []
     return "+".join(path.backends) + (f" ({', '.join(details)})" if details else "")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pdserve.deploy.eksctl import INSTANCE_TYPE_LABEL
@@ -22,6 +23,16 @@ from pdserve.deploy.rayservice import EFA_RESOURCE, GPU_RESOURCE
 from pdserve.role import Role
 
 Row = tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One row of cloud status's checks table."""
+
+    name: str
+    result: str  # OK, FAIL or SKIPPED
+    detail: str
+
 POD_HEADER = ("POD", "READY", "STATUS", "RESTARTS", "NODE", "IP")
 NODE_HEADER = ("NODE", "INSTANCE-TYPE", "ZONE", "READY", "GPU", "EFA")
 APP_HEADER = ("APP", "STATUS")

@@ -2,8 +2,10 @@
 environment, and whether the KV buffer can stay in GPU memory. ``probe_host_link`` reads the host;
 everything else is pure.
 
-A link that cannot read GPU memory (no GPUDirect RDMA: EFA on L4 nodes, a tcp provider, a UCX
-without cuda transports) must stage KV through host memory: vLLM's ``kv_buffer_device: cpu``.
+A link that cannot read GPU memory (a tcp provider, a UCX without cuda transports), or may not (EFA
+without a sign of peer-to-peer access to the GPU, such as g6's L4 nodes), stages KV through host memory:
+vLLM's ``kv_buffer_device: cpu``. docs/transport.md ("GPU memory on g6") says why from libfabric's and
+the EFA driver's sources.
 """
 
 from __future__ import annotations
@@ -17,10 +19,16 @@ from pdserve.config import KVTransferSpec, PoolSpec
 SYS_ROOT = Path("/sys")
 # Kernel modules that let an RDMA NIC read GPU memory without dma-buf: NVIDIA's, and the one the EKS
 # AL2023 NVIDIA AMI ships for EFA (efa-nv-peermem; amazon-eks-ami templates/al2023/provisioners/install-efa.sh).
+# Sufficient, not necessary: AWS's EFA driver also maps GPU pages through nvidia.ko's own p2p symbols
+# (amzn-drivers kernel/linux/efa efa_nvmem_impl.h), and dma-buf needs no module.
 PEERMEM_MODULES = ("nvidia_peermem", "efa_nv_peermem")
-# EC2 families whose EFA reads GPU memory in place (GPUDirect RDMA): the P-series from p4d on. Other EFA
-# instances (g6, g6e, ...) have RDMA read (EC2 User Guide, efa.html) but stage KV in host memory.
+# EC2 families whose EFA reads GPU memory in place (GPUDirect RDMA): the P-series from p4d on. Elsewhere
+# (g6, g6e, ...) the NIC reads GPU memory in place only if the device reports RDMA read (libfabric's CUDA
+# p2p probe asks for remote read: prov/efa efa_hmem.c) and dma-buf or the EFA driver's p2p path is there;
+# otherwise libfabric copies through its own host buffers (prov/efa rdm/efa_rdm_mr.c). Neither is known
+# when rendering, and at 25 Gbit/s the host copy costs little, so those stage KV in host memory.
 GPUDIRECT_FAMILIES = ("p4d", "p4de", "p5", "p5e", "p5en", "p6")
+NIXL_LOG_LEVEL_ENV = "NIXL_LOG_LEVEL"  # read once per process by NIXL (src/utils/common/nixl_log.cpp)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +84,8 @@ def libfabric_provider(kv: KVTransferSpec, pool: PoolSpec, link: HostLink) -> tu
 
 
 def has_gpudirect(instance_type: str) -> bool:
-    """Whether an EC2 instance type's EFA reads GPU memory in place (``p5.48xlarge`` yes, ``g6.8xlarge`` no)."""
+    """Whether an EC2 instance type's EFA is relied on to read GPU memory in place (``p5.48xlarge`` yes,
+    ``g6.8xlarge`` no: see GPUDIRECT_FAMILIES)."""
     family = instance_type.partition(".")[0]
     return family in GPUDIRECT_FAMILIES or family.startswith("p6")
 
@@ -85,8 +94,12 @@ def libfabric_env(provider: str) -> dict[str, str]:
     """Environment of an engine whose KV moves over NIXL's LIBFABRIC backend.
 
     FI_EFA_USE_DEVICE_RDMA stays unset: libfabric then uses the device's RDMA read wherever it has it
-    (NIXL asks for API 1.18; prov/efa efa_rdm_get_use_device_rdma), where 0 would emulate every read."""
-    env = {"FI_PROVIDER": provider}
+    (NIXL asks for API 1.18; prov/efa efa_rdm_get_use_device_rdma), where 0 would emulate every read.
+    NIXL_LOG_LEVEL=INFO, the least verbose level that prints NIXL's "Created N rails using provider=X"
+    (kv_path.OPENED_PROVIDER), so the provider reported is the one libfabric opened; NIXL's default, WARN,
+    prints none of it. INFO adds a few lines per engine start and per peer connection, none per transfer
+    (vLLM posts prepared transfers, whose path logs nothing at INFO: nixl src/core/nixl_agent.cpp)."""
+    env = {"FI_PROVIDER": provider, NIXL_LOG_LEVEL_ENV: "INFO"}
     if provider == "efa":
         # vLLM forks its workers after libfabric may have registered memory: fork-safe registration
         # (a no-op on kernels from 5.13, which copy registered pages on fork; man fi_efa).

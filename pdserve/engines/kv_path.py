@@ -22,16 +22,19 @@ _BACKEND = re.compile(r"Backend (\w+) was instantiated")
 _UCX_TITLE = re.compile(r"\| (.+ by ucp_\w+.*?)\s*\|\s*$")
 _UCX_ROW = re.compile(r"\|\s*\S*\.\.\S*\s*\|\s*([^|]+?)\s*\|\s*([^|]+?)\s*\|")
 _BUFFER = re.compile(re.escape(NOTE_PREFIX + BUFFER_NOTE) + r" (\w+): (.+)$")
-_REQUESTED_PROVIDER = re.compile(re.escape(NOTE_PREFIX + PROVIDER_NOTE) + r" (\S+):")
-# NIXL's LIBFABRIC plugin names the provider of its rails at debug level (NIXL_LOG_LEVEL=DEBUG).
-_OPENED_PROVIDER = re.compile(r"rails? .*provider=(\w[\w-]*)")
+# NIXL's LIBFABRIC plugin names the provider it opened once its rails exist: ``NIXL_INFO << "Created " <<
+# rails_.size() << " rails using provider=" << selected_provider_name`` (ai-dynamo/nixl
+# src/utils/libfabric/libfabric_rail_manager.cpp, the rail manager's constructor; INFO since NIXL 1.1, a
+# DEBUG "Successfully created N rails using provider=" in 1.0). NIXL's C++ logs print at NIXL_LOG_LEVEL=INFO
+# and above only (src/utils/common/nixl_log.cpp: the default is WARN), which kv_link.libfabric_env sets.
+OPENED_PROVIDER = re.compile(r"\d+ rails using provider=([\w-]+)")
 
 
 @dataclass(frozen=True, slots=True)
 class KvPath:
     backends: tuple[str, ...] = ()  # NIXL backends instantiated
     transports: tuple[str, ...] = ()  # UCX transports chosen for KV reads
-    provider: str = ""  # libfabric provider of the LIBFABRIC backend; "" when it has none
+    provider: str = ""  # libfabric provider the LIBFABRIC backend said it opened; "" when it did not say
     buffer_device: str = ""  # where the KV buffer lives (kv_buffer_device)
     buffer_reason: str = ""  # why pdserve chose it
 
@@ -39,20 +42,21 @@ class KvPath:
 def is_kv_path_line(line: str) -> bool:
     """Whether ``kv_path_from_log`` needs this log line (so a reader can keep only those)."""
     return bool(_BACKEND.search(line) or _UCX_TITLE.search(line) or _UCX_ROW.search(line)
-                or _BUFFER.search(line) or _REQUESTED_PROVIDER.search(line) or _OPENED_PROVIDER.search(line))
+                or _BUFFER.search(line) or OPENED_PROVIDER.search(line))
 
 
 def kv_path_from_log(log_text: str) -> KvPath:
     """The KV path as an engine logged it; the last start in the log wins for pdserve's own notes.
 
     vLLM's decode engine pulls the KV cache, so the reads (``ucp_get``) are the transports that matter.
-    The provider is the one NIXL says it opened, else the one pdserve pinned with ``FI_PROVIDER``
-    (a LIBFABRIC backend that could not open it is never instantiated).
+    The provider is only ever the one NIXL says it opened: pdserve's own note of the ``FI_PROVIDER`` it
+    set is what it asked for, not what libfabric gave (and a pool's env may override it), so without
+    NIXL's line the provider is "" (not reported).
     """
     backends = tuple(sorted(set(_BACKEND.findall(log_text))))
     reads: set[str] = set()
     is_read_table = False
-    buffer_device = buffer_reason = requested = opened = ""
+    buffer_device = buffer_reason = opened = ""
     for line in log_text.splitlines():
         if title := _UCX_TITLE.search(line):
             is_read_table = "read by ucp_get" in title.group(1)
@@ -60,12 +64,10 @@ def kv_path_from_log(log_text: str) -> KvPath:
             reads.add(f"{row.group(2)} ({row.group(1)})")
         elif buffer := _BUFFER.search(line):
             buffer_device, buffer_reason = buffer.group(1), buffer.group(2).strip()
-        elif provider := _REQUESTED_PROVIDER.search(line):
-            requested = provider.group(1)
-        elif provider := _OPENED_PROVIDER.search(line):
+        elif provider := OPENED_PROVIDER.search(line):
             opened = provider.group(1)
-    provider_name = (opened or requested) if "LIBFABRIC" in backends else ""
-    return KvPath(backends=backends, transports=tuple(sorted(reads)), provider=provider_name,
+    return KvPath(backends=backends, transports=tuple(sorted(reads)),
+                  provider=opened if "LIBFABRIC" in backends else "",
                   buffer_device=buffer_device, buffer_reason=buffer_reason)
 
 

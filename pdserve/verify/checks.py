@@ -116,7 +116,7 @@ def kv_path_problems(path: KvPath, *, role: str, url: str, is_efa_asked: bool, l
     rate bar alone may pass where the host's own copy is slow."""
     problems = []
     if is_efa_asked and path.provider != "efa":
-        got = f"LIBFABRIC over {path.provider or 'an unknown provider'}" if "LIBFABRIC" in path.backends \
+        got = f"LIBFABRIC over {path.provider or 'a provider NIXL did not report'}" if "LIBFABRIC" in path.backends \
             else "+".join(path.backends)
         problems.append(f"{role} engine {url} moves KV over {got}, not EFA. {EFA_ADVICE}")
     over_tcp = [transport for transport in path.transports if transport.startswith("tcp")]

@@ -19,12 +19,14 @@ modelled:
   runs on the head only, so that worker is never Ready (ray-operator/controllers/ray/common/pod.go).
 - ``kubectl exec`` returns the remote command's exit code and says ``command terminated with exit code N``
   (kubectl pkg/cmd/exec, CodeExitError); an engine pod's log holds pdserve's notes and NIXL's
-  ``Backend X was instantiated`` (nixl src/api/python/_api.py); STANDIN_NIXL_BACKEND names X.
+  ``Backend X was instantiated`` (nixl src/api/python/_api.py); STANDIN_NIXL_BACKEND names X. With LIBFABRIC,
+  NIXL's INFO line ``Created 1 rails using provider=P`` comes first (ENGINE_LOG); STANDIN_NIXL_PROVIDER names P.
 - ``kubectl port-forward`` to the gateway reaches a gateway whose /metrics are the decode engine's NIXL
   counters as last scraped (pdserve/gateway/metrics.py, EngineKVCollector). Each completion POSTed with
-  ``X-PD-Mode: pd`` and a prompt of token ids moves its KV: +1 transfer and prompt tokens x 147,456 bytes
-  (Qwen3-8B: 36 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes) at STANDIN_KV_GBPS (default 3, EFA on a
-  g6.8xlarge); the scrape is modelled as immediate. ``X-PD-Mode: local`` runs on one engine and moves none.
+  ``X-PD-Mode: pd`` and a prompt of token ids moves its KV: +1 transfer of STANDIN_KV_STATE_BYTES plus
+  prompt tokens x STANDIN_KV_BYTES_PER_TOKEN at STANDIN_KV_GBPS (default 3, EFA on a g6.8xlarge); the scrape
+  is modelled as immediate. ``X-PD-Mode: local`` runs on one engine and moves none. The defaults are
+  Qwen3.5-9B's, the example's model (KV_BYTES_PER_TOKEN, KV_STATE_BYTES).
 No pdserve imports: it runs as a separate process, as the real tools would.
 """
 
@@ -44,7 +46,13 @@ import yaml
 # the decode engine's counters when the port-forward starts, under the names the gateway gives them
 GATEWAY_KV_COUNTERS = {"pdserve_engine_kv_transfer_bytes": 4.0e8, "pdserve_engine_kv_transfer_seconds": 0.2,
                        "pdserve_engine_kv_transfers": 12.0, "pdserve_engine_kv_transfer_failures": 0.0}
-KV_BYTES_PER_TOKEN = 147456
+# Qwen/Qwen3.5-9B's published config.json (pdserve/demo/shapes.py): 32 layers, every 4th full attention (8),
+# 4 KV heads of 256, bf16: 8 x 4 x 256 x 2 (K, V) x 2 bytes of KV per token; the 24 Gated DeltaNet layers
+# keep per request a float32 recurrent state (32 value heads x 128 x 128 x 4 bytes) and a bf16 conv state
+# ((2 x 16 x 128 + 32 x 128) channels x (kernel 4 - 1) x 2 bytes). 3,072 tokens: 152.2 MB, and the H200 run
+# of docs/benchmarks.md section 7 moved 156.4 MB (one 128-token block more).
+KV_BYTES_PER_TOKEN = 8 * 4 * 256 * 2 * 2  # 32,768
+KV_STATE_BYTES = 24 * (32 * 128 * 128 * 4 + (2 * 16 * 128 + 32 * 128) * 3 * 2)  # 51,511,296
 OFFERINGS = {"InstanceTypeOfferings": [
     {"InstanceType": "g6.8xlarge", "Location": "us-west-2d"}, {"InstanceType": "g6.8xlarge", "Location": "us-west-2b"},
     {"InstanceType": "m7i.xlarge", "Location": "us-west-2a"}, {"InstanceType": "m7i.xlarge", "Location": "us-west-2b"},
@@ -199,11 +207,17 @@ def _get(words: list[str], namespace: str, state: dict[str, Any]) -> int:
     return 0
 
 
+# An engine's log: pdserve's notes (pdserve/engines/launcher.py), then NIXL's. Creating the LIBFABRIC backend
+# logs, through Abseil's prefix (severity+MMDD time thread file:line]), "Created N rails using provider=X"
+# at INFO (nixl src/utils/libfabric/libfabric_rail_manager.cpp), printed only at NIXL_LOG_LEVEL=INFO or lower
+# (src/utils/common/nixl_log.cpp); then NIXL's Python API logs the backend through its formatter
+# "%(asctime)s NIXL %(levelname)-7s %(filename)s:%(lineno)d %(message)s" (src/api/python/logging.py, _api.py).
 ENGINE_LOG = """=== pdserve: starting {role}-0: python -m vllm.entrypoints.openai.api_server
 === pdserve: kv buffer cpu: EFA without GPUDirect RDMA (no peermem module loaded)
 === pdserve: libfabric provider efa: placement.efa_devices=1
-2026 NIXL INFO _api.py:405 Backend {backend} was instantiated
+{rails}2026-12-03 10:00:02 NIXL INFO    _api.py:405 Backend {backend} was instantiated
 """
+RAILS_LINE = "I1203 10:00:02.512310     812 libfabric_rail_manager.cpp:232] Created 1 rails using provider={provider}\n"
 
 
 def _exec(words: list[str], state: dict[str, Any]) -> int:
@@ -219,7 +233,10 @@ def _exec(words: list[str], state: dict[str, Any]) -> int:
         return _error(f'Error from server (NotFound): pods "{name}" not found')
     role = pods[name]["metadata"]["labels"].get("app.kubernetes.io/component")
     backend = os.environ.get("STANDIN_NIXL_BACKEND", "LIBFABRIC")
-    log = ENGINE_LOG.format(role=role, backend=backend) if role in ("prefill", "decode") and backend else ""
+    # STANDIN_NIXL_PROVIDER: the provider libfabric opened; "" = no rails line (NIXL's default WARN level)
+    provider = os.environ.get("STANDIN_NIXL_PROVIDER", "efa")
+    rails = RAILS_LINE.format(provider=provider) if backend == "LIBFABRIC" and provider else ""
+    log = ENGINE_LOG.format(role=role, backend=backend, rails=rails) if role in ("prefill", "decode") and backend else ""
     pattern = next(word for word in command[1:] if not word.startswith("-"))
     found = [match.group(0) for line in log.splitlines() for match in re.finditer(pattern, line)]
     if not found:
@@ -403,6 +420,8 @@ def _serve_gateway() -> int:
     grow with each PD-mode completion, as the real gateway's do one scrape after the decode engine's."""
     counters = dict(GATEWAY_KV_COUNTERS)
     gbps = float(os.environ.get("STANDIN_KV_GBPS", "3"))
+    bytes_per_token = int(os.environ.get("STANDIN_KV_BYTES_PER_TOKEN", KV_BYTES_PER_TOKEN))
+    state_bytes = int(os.environ.get("STANDIN_KV_STATE_BYTES", KV_STATE_BYTES))
 
     class Gateway(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -411,7 +430,7 @@ def _serve_gateway() -> int:
         def do_POST(self) -> None:
             prompt = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["prompt"]
             if self.headers.get("X-PD-Mode") == "pd" and isinstance(prompt, list):  # pdserve/protocol.py
-                kv_bytes = len(prompt) * KV_BYTES_PER_TOKEN
+                kv_bytes = state_bytes + len(prompt) * bytes_per_token
                 counters["pdserve_engine_kv_transfer_bytes"] += kv_bytes
                 counters["pdserve_engine_kv_transfer_seconds"] += kv_bytes / (gbps * 1e9)
                 counters["pdserve_engine_kv_transfers"] += 1

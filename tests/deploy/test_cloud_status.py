@@ -1,5 +1,6 @@
 """``pdserve cloud status``: the NIXL backend each engine pod logged, why a Serve deployment failed, and the
-kv-link row that times one PD request's KV by the decode engine's own counters.
+kv-link row that times PD requests' KV by the decode engine's own counters (its pure parts:
+test_kv_link_row.py).
 
 The parsing is tested pure, the grep pattern against real ``grep``, and the whole path through the CLI
 against the stand-in tools (eks_standins.py)."""
@@ -14,34 +15,24 @@ from pathlib import Path
 import pytest
 
 from pdserve.config import load_settings
-from pdserve.deploy.cloud_status import (
-    Check,
-    backend_check,
-    backend_grep_argv,
-    exec_check,
-    kv_link_check,
-    kv_link_prompt_tokens,
-)
-from pdserve.deploy.cluster_view import deployment_causes, engine_pods
-from pdserve.pd.transfer_stats import TransferCounters
-from pdserve.verify.checks import ADVICE, Link
+from pdserve.deploy.cloud_status import backend_check, backend_grep_argv, exec_check
+from pdserve.deploy.cluster_view import Check, deployment_causes, engine_pods
 from tests.deploy.test_eks import Standins, cloud, standins  # noqa: F401
 
 POD = "pdserve-raycluster-decode-worker-0"
+# NIXL's lines as it prints them at NIXL_LOG_LEVEL=INFO (eks_standins.ENGINE_LOG cites their sources)
 LIBFABRIC_LOG = """=== pdserve: starting decode-0: python -m vllm.entrypoints.openai.api_server
 === pdserve: kv buffer cpu: EFA without GPUDirect RDMA (no peermem module loaded)
 === pdserve: libfabric provider efa: placement.efa_devices=1
 (ServeReplica:pdserve:decode pid=812) INFO 12-03 10:00:01 [__init__.py:40] Loading model
-2026 NIXL INFO _api.py:405 Backend LIBFABRIC was instantiated
+I1203 10:00:02.512310     812 libfabric_rail_manager.cpp:232] Created 1 rails using provider=efa
+2026-12-03 10:00:02 NIXL INFO    _api.py:405 Backend LIBFABRIC was instantiated
 """
 # what `grep -rhoaEs ... KV_PATH_PATTERN` prints for LIBFABRIC_LOG
 LIBFABRIC_GREP = """=== pdserve: kv buffer cpu: EFA without GPUDirect RDMA (no peermem module loaded)
-=== pdserve: libfabric provider efa: placement.efa_devices=1
+1 rails using provider=efa
 Backend LIBFABRIC was instantiated
 """
-DECODE_URL = "http://10.0.3.7:8200"
-KV_BYTES_PER_TOKEN = 147456  # Qwen3-8B: 36 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes
-BEFORE = {DECODE_URL: TransferCounters(bytes=4.0e8, seconds=0.2, transfers=12.0)}
 PREFLIGHT = ("pdserve preflight: NIXL LIBFABRIC: fi_getinfo failed: No data available; memlock 64.0 KiB is below "
              "the 2.0 GiB the KV buffer pins")
 
@@ -49,6 +40,25 @@ PREFLIGHT = ("pdserve preflight: NIXL LIBFABRIC: fi_getinfo failed: No data avai
 def test_libfabric_instantiated_is_ok_with_its_provider_and_kv_buffer() -> None:
     check = backend_check(POD, LIBFABRIC_GREP, expected=["LIBFABRIC"])
     assert check == Check("nixl-backend", "OK", f"{POD}: LIBFABRIC (provider efa, kv buffer cpu)")
+
+
+def test_provider_is_not_reported_when_nixl_did_not_log_the_one_it_opened() -> None:
+    """pdserve's FI_PROVIDER note is what it asked for; the row reports only what NIXL said it opened."""
+    without_rails = "".join(line + "\n" for line in LIBFABRIC_GREP.splitlines() if "rails" not in line)
+    check = backend_check(POD, without_rails + "=== pdserve: libfabric provider efa: placement.efa_devices=1\n",
+                          expected=["LIBFABRIC"])
+    assert check == Check("nixl-backend", "OK", f"{POD}: LIBFABRIC (provider not reported, kv buffer cpu)")
+    tcp = LIBFABRIC_GREP.replace("provider=efa", "provider=tcp")
+    assert backend_check(POD, tcp, expected=["LIBFABRIC"]).detail == f"{POD}: LIBFABRIC (provider tcp, kv buffer cpu)"
+
+
+def test_libfabric_over_another_provider_where_efa_is_placed_fails_naming_it() -> None:
+    tcp = backend_check(POD, LIBFABRIC_GREP.replace("provider=efa", "provider=tcp"), expected=["LIBFABRIC"],
+                        provider="efa")
+    assert tcp.result == "FAIL"
+    assert tcp.detail.startswith(f"{POD}: LIBFABRIC (provider tcp, kv buffer cpu): NIXL opened libfabric's tcp "
+                                 "provider, not efa (")
+    assert backend_check(POD, LIBFABRIC_GREP, expected=["LIBFABRIC"], provider="efa").result == "OK"
 
 
 def test_ucx_alone_where_libfabric_is_asked_fails_saying_nixl_fell_back() -> None:
@@ -141,9 +151,25 @@ def test_status_confirms_libfabric_from_each_engine_pods_own_logs(standins: Stan
         assert re.search(rf"nixl-backend\s+OK\s+pdserve-raycluster-{role}-worker-0: LIBFABRIC "
                          r"\(provider efa, kv buffer cpu\)", result.output), result.output
     execs = [call for call in standins.calls() if call["words"][:1] == ["exec"]]
+    assert len(execs) == 2
     assert sorted(call["words"][3] for call in execs) == [f"pdserve-raycluster-{role}-worker-0"
                                                           for role in ("decode", "prefill")]
     assert all("--context" in call["argv"] and call["words"][4:6] == ["-c", "ray-worker"] for call in execs)
+
+
+@pytest.mark.parametrize(("provider", "result_word", "detail"), [
+    ("tcp", "FAIL", "(provider tcp, kv buffer cpu): NIXL opened libfabric's tcp provider, not efa"),
+    ("", "OK", "(provider not reported, kv buffer cpu)"),
+], ids=["nixl-said-tcp", "nixl-silent"])
+def test_status_reports_the_provider_nixl_logged_not_the_one_pdserve_set(
+    standins: Standins, monkeypatch: pytest.MonkeyPatch, provider: str, result_word: str, detail: str,  # noqa: F811
+) -> None:
+    """The pods run with FI_PROVIDER=efa and pdserve's note says so; the row says what NIXL reported."""
+    assert cloud(standins, "up").exit_code == 0
+    monkeypatch.setenv("STANDIN_NIXL_PROVIDER", provider)
+    result = cloud(standins, "status")
+    assert re.search(rf"nixl-backend\s+{result_word}\s+pdserve-raycluster-decode-worker-0: LIBFABRIC "
+                     + re.escape(detail), result.output), result.output
 
 
 def test_status_fails_when_an_engine_fell_back_to_ucx(standins: Standins, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
@@ -156,62 +182,25 @@ def test_status_fails_when_an_engine_fell_back_to_ucx(standins: Standins, monkey
                      r"which runs at TCP speed on EFA", result.output), result.output
 
 
-def after_probe(*, gbps: float, prompt_tokens: int = 3072, failed: float = 0.0) -> dict[str, TransferCounters]:
-    """BEFORE plus one transfer of ``prompt_tokens`` tokens' KV at ``gbps``."""
-    kv_bytes = prompt_tokens * KV_BYTES_PER_TOKEN
-    moved = TransferCounters(bytes=kv_bytes, seconds=kv_bytes / (gbps * 1e9), transfers=1.0, failed=failed)
-    return {DECODE_URL: BEFORE[DECODE_URL].plus(moved)}
-
-
-def test_kv_link_reports_the_probes_own_transfer_not_the_totals() -> None:
-    check = kv_link_check(BEFORE, after_probe(gbps=3.1), bar_gbps=0.5, prompt_tokens=3072, waited_s=15)
-    assert check == Check("kv-link", "OK", f"{DECODE_URL}: 453.0 MB in 1 transfer at 3.1 GB/s (prompt 3072 tokens)")
-
-
-def test_kv_link_under_slow_kv_gbps_fails_saying_to_check_libfabric_on_efa() -> None:
-    check = kv_link_check(BEFORE, after_probe(gbps=0.3), bar_gbps=0.5, prompt_tokens=3072, waited_s=15)
-    assert check.result == "FAIL"
-    assert check.detail.startswith(f"{DECODE_URL}: 453.0 MB in 1 transfer at 0.3 GB/s (prompt 3072 tokens), "
-                                   "under gateway.slow_kv_gbps 0.5 GB/s. ")
-    assert ADVICE[Link.NETWORK] in check.detail and "`fi_info -p efa`" in check.detail
-
-
-def test_kv_link_with_a_failed_transfer_fails_even_when_fast() -> None:
-    check = kv_link_check(BEFORE, after_probe(gbps=3.1, failed=1.0), bar_gbps=0.5, prompt_tokens=3072, waited_s=15)
-    assert check.result == "FAIL"
-    assert check.detail.startswith(f"{DECODE_URL}: 1 KV transfer(s) failed (prompt 3072 tokens). ")
-    assert ADVICE[Link.NETWORK] in check.detail
-
-
-def test_kv_link_without_a_new_transfer_is_skipped_saying_the_prompt_was_recomputed() -> None:
-    for after in (BEFORE, {}):  # the counters did not move; the gateway has read no engine yet
-        check = kv_link_check(BEFORE, after, bar_gbps=0.5, prompt_tokens=3072, waited_s=15)
-        assert check == Check("kv-link", "SKIPPED", "no decode engine counted a KV transfer within 15 s of a "
-                                                    "3072-token PD request: it recomputed the prompt instead (is "
-                                                    "the KV connector set on both engines?)")
-
-
-def test_kv_link_judges_the_engine_that_moved_most_when_others_serve_traffic_too() -> None:
-    other = "http://10.0.3.8:8200"
-    before = {**BEFORE, other: TransferCounters(bytes=1e6, seconds=1.0, transfers=1.0)}
-    after = {**after_probe(gbps=3.1), other: TransferCounters(bytes=2e6, seconds=2.0, transfers=2.0)}
-    check = kv_link_check(before, after, bar_gbps=0.5, prompt_tokens=3072, waited_s=15)
-    assert (check.result, check.detail.split(":")[:2]) == ("OK", ["http", "//10.0.3.7"])
-
-
-def test_kv_link_prompt_leaves_room_for_the_output_token_up_to_3072() -> None:
-    assert [kv_link_prompt_tokens(length) for length in (2048, 3136, 32768)] == [1984, 3072, 3072]
-
-
 @pytest.mark.parametrize(("env", "exit_code", "row"), [
-    # 3072 tokens x 147,456 bytes at the stand-in's 3 GB/s
+    # the example's model (stand-in defaults: Qwen3.5-9B, 32,768 bytes per token and 51.5 MB of state) at EFA's
+    # 3 GB/s: 512 tokens, then 3,000 (bytes per token read through the origin), then 10,636 from the two
+    ({"PDSERVE_MODEL__MAX_MODEL_LEN": "16384"}, 0,
+     (r"kv-link\s+OK\s+http://10\.0\.3\.7:8200: 400\.0 MB in 1 transfer at 3 GB/s \(prompt 10636 tokens\), over "
+     r"one TCP flow's 1\.25 GB/s on g6\.8xlarge \(its EFA: 3\.12 GB/s\)")),
+    # Qwen3-8B's KV, 147,456 bytes per token and no state: 512 tokens, then 2,713
+    ({"PDSERVE_MODEL__MAX_MODEL_LEN": "16384", "STANDIN_KV_BYTES_PER_TOKEN": "147456", "STANDIN_KV_STATE_BYTES": "0"},
+     0, r"kv-link\s+OK\s+http://10\.0\.3\.7:8200: 400\.0 MB in 1 transfer at 3 GB/s \(prompt 2713 tokens\)"),
+    # the model's context caps the probe: 4096 - 64 tokens
     ({"PDSERVE_MODEL__MAX_MODEL_LEN": "4096"}, 0,
-     r"kv-link\s+OK\s+http://10\.0\.3\.7:8200: 453\.0 MB in 1 transfer at 3 GB/s \(prompt 3072 tokens\)"),
-    ({"STANDIN_KV_GBPS": "0.2"}, 1,
-     (r"kv-link\s+FAIL\s+http://10\.0\.3\.7:8200: 292\.6 MB in 1 transfer at 0\.2 GB/s \(prompt 1984 tokens\), under "
-     r"gateway\.slow_kv_gbps 0\.5 GB/s\. use NIXL's LIBFABRIC")),
-], ids=["measured", "too-slow"])
-def test_status_measures_the_kv_link_with_one_long_pd_request(
+     r"kv-link\s+OK\s+http://10\.0\.3\.7:8200: 183\.6 MB in 1 transfer at 3 GB/s \(prompt 4032 tokens\)"),
+    # TCP speed on a g6.8xlarge: under one TCP flow's ceiling, where the fixed 0.5 GB/s bar passed it
+    ({"STANDIN_KV_GBPS": "1.1"}, 1,
+     (r"kv-link\s+FAIL\s+http://10\.0\.3\.7:8200: 116\.5 MB in 1 transfer at 1\.1 GB/s \(prompt 1984 tokens\), no "
+      r"faster than one TCP flow's 1\.25 GB/s on g6\.8xlarge \(its EFA: 3\.12 GB/s\): the KV fell back to TCP over "
+      r"the node's ENA: check")),
+], ids=["qwen3.5-9b", "qwen3-8b", "capped", "tcp-speed"])
+def test_status_measures_the_kv_link_with_probes_sized_from_what_the_model_moves(
     standins: Standins, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], exit_code: int, row: str,  # noqa: F811
 ) -> None:
     assert cloud(standins, "up").exit_code == 0

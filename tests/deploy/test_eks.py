@@ -231,8 +231,8 @@ def test_status_shows_pods_on_nodes_gpu_and_efa_the_app_and_gateway_checks(stand
     assert re.search(r"ip-10-0-1-5\s+g6\.8xlarge\s+us-west-2b\s+Ready\s+1\s+1", result.output)
     assert re.search(r"pdserve\s+RUNNING \(prefill HEALTHY, decode HEALTHY, gateway HEALTHY\)", result.output)
     assert re.search(r"pd==local\s+OK\s+3 greedy tokens identical", result.output)
-    # the 12 transfers before, and pd==local's PD request: 100 tokens x 147,456 bytes
-    assert re.search(r"kv-transfers\s+OK\s+http://10\.0\.3\.7:8200: 13 transfers, 414\.7 MB at 2\.02 GB/s",
+    # the 12 transfers before, and pd==local's PD request: Qwen3.5-9B's state and 100 tokens x 32,768 bytes
+    assert re.search(r"kv-transfers\s+OK\s+http://10\.0\.3\.7:8200: 13 transfers, 454\.8 MB at 2\.08 GB/s",
                      result.output)
     assert re.search(r"engine-probe\s+SKIPPED", result.output)
     forward = [call for call in standins.calls() if call["words"][:1] == ["port-forward"]]

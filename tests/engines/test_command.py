@@ -127,6 +127,7 @@ def test_cpu_engines_over_libfabric_pin_the_tcp_provider_and_log_why() -> None:
         assert kv_config(command)["kv_buffer_device"] == "cpu"
         assert command.notes == ("kv buffer cpu: CPU engine", "libfabric provider tcp: no EFA device on this host")
     (ucx, _decode) = engine_commands({})
+    assert "NIXL_LOG_LEVEL" not in ucx.env  # only LIBFABRIC's provider line needs NIXL's INFO logs
     assert "FI_PROVIDER" not in ucx.env and ucx.notes == ("kv buffer cpu: CPU engine",)
 
 
@@ -136,6 +137,7 @@ def test_gpu_engines_on_efa_without_gpudirect_stage_kv_through_host_memory() -> 
     for command in engine_commands(tree, link=HostLink(efa_devices=("rdmap0",))):
         assert kv_config(command)["kv_buffer_device"] == "cpu"
         assert command.env["FI_PROVIDER"] == "efa" and "FI_EFA_USE_DEVICE_RDMA" not in command.env
+        assert command.env["NIXL_LOG_LEVEL"] == "INFO"  # prints the provider NIXL opened
         assert command.notes[0] == "kv buffer cpu: EFA without GPUDirect RDMA (no peermem module loaded)"
     for command in engine_commands(tree, link=HostLink(efa_devices=("rdmap0",), has_peermem=True)):
         assert kv_config(command)["kv_buffer_device"] == "cuda" and "FI_EFA_USE_DEVICE_RDMA" not in command.env

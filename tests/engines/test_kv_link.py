@@ -86,5 +86,6 @@ def test_libfabric_provider_is_efa_where_placed_or_present_else_tcp_unless_named
 
 def test_efa_engines_get_fork_safety_and_leave_device_rdma_to_libfabric() -> None:
     """FI_EFA_USE_DEVICE_RDMA=0 would make libfabric emulate every RDMA read, even from host memory."""
-    assert libfabric_env("efa") == {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1"}
-    assert libfabric_env("tcp") == {"FI_PROVIDER": "tcp"}
+    # NIXL_LOG_LEVEL=INFO: NIXL prints the provider it opened (kv_path.OPENED_PROVIDER)
+    assert libfabric_env("efa") == {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1", "NIXL_LOG_LEVEL": "INFO"}
+    assert libfabric_env("tcp") == {"FI_PROVIDER": "tcp", "NIXL_LOG_LEVEL": "INFO"}
