@@ -21,8 +21,14 @@ _FIT_ERROR = re.compile(r"\d+/\d+ nodes are available: (?P<reasons>.*?)(?:\. pre
 _INSUFFICIENT = re.compile(r"^\d+ Insufficient (?P<resource>\S+)$")
 _NO_MATCH = re.compile(r"^\d+ node\(s\) didn't match Pod's node affinity/selector$")
 _UNTOLERATED = re.compile(r"^\d+ node\(s\) had untolerated taint")
-# Waiting reasons the kubelet keeps retrying but that a retry does not fix.
-_IMAGE_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
+# The waiting reasons the kubelet gives a container whose image it cannot get: its own
+# (kubernetes pkg/kubelet/images/types.go) and the two its image manager takes from the runtime's error
+# (pkg/kubelet/images/image_manager.go evalCRIPullErr, k8s.io/cri-api/pkg/errors). The kubelet retries a pull
+# with back-off, but a missing image, a registry that refuses the node or a name it cannot parse stays so.
+IMAGE_PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
+                      "ImageInspectError", "RegistryUnavailable", "SignatureValidationFailed")
+IMAGE_PULL_FIX = ("the node cannot pull kubernetes.image: push the image, check its name and tag, and that the "
+                  "node role may pull from its registry")
 _FIXES = {
     EFA_RESOURCE: "no node offers vpc.amazonaws.com/efa: the EFA device plugin (DaemonSet aws-efa-k8s-device-plugin "
                   "in kube-system) does not run on the GPU nodes, or they have no EFA interfaces (eks.efa); see "
@@ -120,20 +126,22 @@ def pod_problems(pods: list[dict[str, Any]], *, events: list[dict[str, Any]], no
     """One problem per pod that is unschedulable or whose container cannot start."""
     problems = []
     for pod in pods:
-        problem = _container_problem(pod) or _scheduling_problem(pod, events=events, nodes=nodes)
+        problem = container_problem(pod) or _scheduling_problem(pod, events=events, nodes=nodes)
         if problem is not None:
             problems.append(problem)
     return problems
 
 
-def _container_problem(pod: dict[str, Any]) -> PodProblem | None:
+def container_problem(pod: dict[str, Any]) -> PodProblem | None:
+    """A container of ``pod`` that cannot start, init containers first: KubeRay's ``wait-gcs-ready`` on a
+    worker runs the worker's image, so a bad image shows there while the Ray container is PodInitializing."""
     name = pod["metadata"]["name"]
-    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+    status = pod.get("status") or {}
+    for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
         waiting = (container.get("state") or {}).get("waiting") or {}
         reason, message = waiting.get("reason", ""), waiting.get("message", "")
-        if reason in _IMAGE_REASONS:
-            return PodProblem(name, f"{reason}: {message}", fix="the node cannot pull kubernetes.image: push the image, "
-                              "check its name and tag, and that the node role may pull from its registry")
+        if reason in IMAGE_PULL_REASONS:
+            return PodProblem(name, f"{reason}: {message}", fix=IMAGE_PULL_FIX)
         if reason == "CreateContainerConfigError":
             return PodProblem(name, f"{reason}: {message}", fix="create what the pod refers to (a Secret or ConfigMap)")
         if reason == "CrashLoopBackOff":
