@@ -516,14 +516,17 @@ def _pull_failure(image: str) -> tuple[str, str, str] | None:
     if kind == "bad-name" or not re.fullmatch(r"[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?", image.rsplit("@", 1)[0]):
         message = f'Failed to apply default image tag "{image}": couldn\'t parse image name "{image}": invalid reference format'
         return "InvalidImageName", message, message
+    # a name without a registry is Docker Hub's, "library/" for one path component (distribution/reference
+    # normalize.go); containerd asks registry-1.docker.io for it (core/remotes/docker/config/hosts.go)
     host, _, rest = image.partition("/") if "." in image.split("/")[0] else ("docker.io", "", image)
     repository, _, tag = rest.partition(":")
+    repository = repository if host != "docker.io" or "/" in repository else f"library/{repository}"
     reference = f"{host}/{repository}:{tag or 'latest'}"
     resolve = f'failed to pull and unpack image "{reference}": failed to resolve reference "{reference}"'
     if kind == "not-found":
         message = f"rpc error: code = NotFound desc = {resolve}: {reference}: not found"
     elif kind == "unauthorized":
-        url = f"https://{host}/v2/{repository}/manifests/{tag or 'latest'}"
+        url = f"https://{'registry-1.docker.io' if host == 'docker.io' else host}/v2/{repository}/manifests/{tag or 'latest'}"
         message = f"rpc error: code = Unknown desc = {resolve}: unexpected status from HEAD request to {url}: 403 Forbidden"
     else:
         return None
