@@ -19,7 +19,7 @@ from typing import Any
 
 from pdserve.config import Settings
 from pdserve.deploy.eksctl import GPU_NODE_GROUP, GPU_TAINT
-from pdserve.deploy.pod_diagnosis import container_problem
+from pdserve.deploy.pod_diagnosis import TRANSIENT_TAINTS, container_problem
 from pdserve.deploy.rayservice import EFA_RESOURCE, GPU_RESOURCE
 from pdserve.deploy.steps import Readiness
 from pdserve.role import Role
@@ -53,14 +53,6 @@ DAEMON_POD_TOLERATIONS = (
       for key in ("disk-pressure", "memory-pressure", "pid-pressure", "unschedulable")),
 )
 HOST_NETWORK_TOLERATION = {"key": "node.kubernetes.io/network-unavailable", "operator": "Exists", "effect": "NoSchedule"}
-# Taints of a node that is still coming up, which their owners take off by themselves: the node lifecycle
-# controller's not-ready and unreachable (pkg/controller/nodelifecycle/node_lifecycle_controller.go,
-# nodeConditionToTaintKeyStatusMap: removed once the node is Ready), and the cloud provider's uninitialized,
-# which the kubelet sets at registration with an external cloud provider and the cloud controller manager
-# removes once it has initialised the node (k8s.io/cloud-provider api/well_known_taints.go, TaintExternalCloudProvider;
-# controllers/node/node_controller.go). A DaemonSet pod waits for them to go: a wait, not a blocker.
-TRANSIENT_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable",
-                    "node.cloudprovider.kubernetes.io/uninitialized")
 _NO_EFA = (f"so it never runs there, the node offers no {EFA_RESOURCE} and the engine pods would stay Pending "
            f"(FailedScheduling: Insufficient {EFA_RESOURCE})")
 

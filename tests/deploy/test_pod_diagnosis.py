@@ -113,3 +113,12 @@ def test_a_pull_the_runtime_refuses_is_a_blocker_too() -> None:
         pod = {"kind": "Pod", "metadata": {"name": "head-0"}, "spec": {"containers": [{}]}, "status": {
             "phase": "Pending", "containerStatuses": [{"state": {"waiting": {"reason": reason, "message": "m"}}}]}}
         assert f"pod head-0: {reason}: m" in look(rayservice(), pod).blocker
+
+
+def test_a_pod_kept_off_nodes_still_coming_up_is_waited_for() -> None:
+    """A node's not-ready and uninitialized taints go once it is Ready: no blocker, unlike a lasting taint."""
+    coming_up = ("0/2 nodes are available: 2 node(s) had untolerated taint {node.kubernetes.io/not-ready: }. "
+                 "preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling.")
+    assert look(rayservice(), pending_pod("decode-0", coming_up), node("gpu-a")).blocker == ""
+    lasting = coming_up.replace("node.kubernetes.io/not-ready", "dedicated")
+    assert "tolerates the pod" in look(rayservice(), pending_pod("decode-0", lasting), node("gpu-a")).blocker
