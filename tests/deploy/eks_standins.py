@@ -380,7 +380,7 @@ def _with_status(service: dict[str, Any], pods: list[dict[str, Any]], state: dic
     deployments = {name: {"status": "HEALTHY" if is_deployed else "UPDATING"} for name in ("prefill", "decode", "gateway")}
     if failure:
         for name in ("prefill", "decode"):
-            deployments[name] = {"status": "DEPLOY_FAILED", "message": failure}
+            deployments[name] = {"status": "DEPLOY_FAILED", "message": SERVE_FAILURE.format(deployment=name, problem=failure)}
     app_status = "DEPLOY_FAILED" if failure else "RUNNING" if is_deployed else "DEPLOYING"
     is_up = is_deployed and not failure
     app = {"status": app_status, "serveDeploymentStatuses": deployments}
@@ -624,15 +624,14 @@ def _run_ray_version_command(container: dict[str, Any]) -> dict[str, Any]:
 
 
 def _engine_preflight_failure(state: dict[str, Any]) -> str:
-    """Serve's message when the engine replicas' preflight reads a negative memlock on their GPU nodes, else ''."""
+    """Why the engine replicas' preflight fails on their GPU nodes (a negative memlock), else ''."""
     for group in state.get("nodegroups", {}).values():
         node_config = yaml.safe_load(group["config"].get("overrideBootstrapCommand") or "null")
         limit = _container_memlock_bytes(node_config) if isinstance(node_config, dict) else None
         if limit is not None and limit < 0 and limit != -1:  # -1 is RLIM_INFINITY, which pdserve reads as unlimited
             # pdserve/engines/host_checks.py memlock_problem's words, for a g6.8xlarge's 22.5 GiB L4
-            problem = (f"memlock (ulimit -l) is {limit / 2**20:.0f} MiB but NIXL must pin 20.4 GiB (the KV staging "
-                       "buffer, up to 20.2 GiB of a 22.5 GiB GPU, and libfabric's efa packet pools)")
-            return SERVE_FAILURE.format(deployment="decode", problem=problem)
+            return (f"memlock (ulimit -l) is {limit / 2**20:.0f} MiB but NIXL must pin 20.4 GiB (the KV staging "
+                    "buffer, up to 20.2 GiB of a 22.5 GiB GPU, and libfabric's efa packet pools)")
     return ""
 
 
