@@ -129,11 +129,10 @@ def image_check_readiness(pod_json: str, *, settings: Settings) -> Readiness:
             f"the image {settings.kubernetes.image} cannot be pulled: {problem.cause}\n    fix: {problem.fix}; "
             f"`kubectl --namespace {IMAGE_CHECK_NAMESPACE} describe pod {IMAGE_CHECK_POD}` shows the kubelet's events "
             "(the next `pdserve cloud up` replaces the pod)"))
-    terminated = next((((container.get("state") or {}).get("terminated")) for container in
-                       status.get("containerStatuses") or [] if (container.get("state") or {}).get("terminated")), None)
+    states = [container.get("state") or {} for container in status.get("containerStatuses") or []]
+    terminated = next((state["terminated"] for state in states if state.get("terminated")), None)
     if terminated is None:
-        waiting = [((container.get("state") or {}).get("waiting") or {}).get("reason", "")
-                   for container in status.get("containerStatuses") or []]
+        waiting = [(state.get("waiting") or {}).get("reason", "") for state in states]
         return Readiness(is_ready=False, summary=", ".join(filter(None, waiting)) or status.get("phase", "Pending"))
     message = str(terminated.get("message", ""))
     if terminated.get("exitCode") != 0:
@@ -167,7 +166,7 @@ def _plugin_blockers(plugin: dict[str, Any], node: dict[str, Any]) -> list[str]:
     """Why the plugin's pods can never run on ``node`` as the DaemonSet stands (empty when they can)."""
     name, pod_spec = node["metadata"]["name"], plugin["spec"]["template"]["spec"]
     blockers = []
-    tolerations = daemon_pod_tolerations(pod_spec)
+    tolerations = _daemon_pod_tolerations(pod_spec)
     for taint in (node.get("spec") or {}).get("taints") or []:
         if (taint.get("effect") in _BLOCKING_EFFECTS and taint.get("key") not in TRANSIENT_TAINTS
                 and not _tolerates(tolerations, taint)):
@@ -186,7 +185,7 @@ def _plugin_blockers(plugin: dict[str, Any], node: dict[str, Any]) -> list[str]:
     return blockers
 
 
-def daemon_pod_tolerations(pod_spec: dict[str, Any]) -> list[dict[str, Any]]:
+def _daemon_pod_tolerations(pod_spec: dict[str, Any]) -> list[dict[str, Any]]:
     """The tolerations a DaemonSet's pods carry: its template's and those its controller adds."""
     added = [*DAEMON_POD_TOLERATIONS, *([HOST_NETWORK_TOLERATION] if pod_spec.get("hostNetwork") else [])]
     return [*(pod_spec.get("tolerations") or []), *added]
