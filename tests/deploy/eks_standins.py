@@ -70,7 +70,8 @@ EFA_PLUGIN = {"kind": "DaemonSet", "metadata": {"name": "aws-efa-k8s-device-plug
                                                 "labels": {"name": "aws-efa-k8s-device-plugin"}},
               "spec": {"selector": {"matchLabels": {"name": "aws-efa-k8s-device-plugin"}}, "template": {
                   "metadata": {"labels": {"name": "aws-efa-k8s-device-plugin"}},
-                  "spec": {"tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"},
+                  "spec": {"hostNetwork": True,  # as eksctl's manifest has it: DaemonSet pods then tolerate network-unavailable
+                           "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"},
                                            {"key": "aws.amazon.com/efa", "operator": "Exists", "effect": "NoSchedule"}],
                            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                                "nodeSelectorTerms": [{"matchExpressions": [{
