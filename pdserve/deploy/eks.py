@@ -22,13 +22,15 @@ from pdserve.deploy.k8s_names import (
 from pdserve.deploy.pod_diagnosis import diagnose
 from pdserve.deploy.preflight import (
     EFA_PLUGIN,
+    IMAGE_CHECK_NAMESPACE,
+    IMAGE_CHECK_POD,
     PLUGIN_NAMESPACE,
     efa_plugin_tolerations,
     gpu_nodes_query,
     gpu_nodes_readiness,
     gpu_nodes_wanted,
-    image_check_argv,
-    ray_version_problem,
+    image_check_pod,
+    image_check_readiness,
 )
 from pdserve.deploy.rayservice import PODS_HASH_ANNOTATION
 from pdserve.deploy.steps import Poll, Readiness, Step
@@ -39,6 +41,8 @@ KUBERAY_NAMESPACE = "kuberay-system"
 # The engines and the device plugins come up in minutes once the nodes are Ready; a node that offers no
 # GPU or EFA for this long after its plugin started will not.
 GPU_NODES_TIMEOUT_S = 600.0
+# Pulling the Ray LLM image (~10 GB) onto a system node takes minutes; a failed pull stops the wait at once.
+IMAGE_CHECK_TIMEOUT_S = 1200.0
 _PODMONITOR_CRD = "podmonitors.monitoring.coreos.com"
 _POD_MONITOR_KIND = "PodMonitor"
 
@@ -134,15 +138,30 @@ def _efa_plugin_steps(settings: Settings) -> list[Step]:
 
 
 def _preflight_steps(settings: Settings) -> list[Step]:
-    """Before anything is applied: the GPU nodes offer what the engine pods request, and the image carries
-    the Ray that ``kubernetes.ray_version`` names."""
+    """Before anything is applied: the GPU nodes offer what the engine pods request, and the image can be
+    pulled and carries the Ray that ``kubernetes.ray_version`` names."""
     return [
         Step("gpu-nodes-ready", gpu_nodes_query(kubectl(settings)),
              poll=Poll(check=partial(gpu_nodes_readiness, settings=settings), timeout_s=GPU_NODES_TIMEOUT_S),
              about=f"preflight: {gpu_nodes_wanted(settings)}; stops at once if a device plugin can never run there"),
-        Step("image-ray-version", image_check_argv(kubectl(settings), settings),
-             check_output=partial(ray_version_problem, settings=settings),
-             about=f"preflight: the image's Ray is kubernetes.ray_version {settings.kubernetes.ray_version}"),
+        *_image_check_steps(settings),
+    ]
+
+
+def _image_check_steps(settings: Settings) -> list[Step]:
+    """The check pod: one an interrupted run left is removed first (a pod's spec cannot change, and its old
+    pull errors would be read as new), then it is created, watched until it exits or its pull fails, removed."""
+    pod = ("pod", IMAGE_CHECK_POD, "--namespace", IMAGE_CHECK_NAMESPACE)
+    remove = kubectl(settings, "delete", *pod, "--ignore-not-found", "--wait=true")
+    return [
+        Step("image-check-clean", remove, only_if=kubectl(settings, "get", *pod),
+             about="removes the image check pod an interrupted `cloud up` left"),
+        Step("image-check-pod", kubectl(settings, "create", "-f", "-"), stdin=to_yaml(image_check_pod(settings))),
+        Step("image-ray-version", kubectl(settings, "get", *pod, "-o", "json"),
+             poll=Poll(check=partial(image_check_readiness, settings=settings), timeout_s=IMAGE_CHECK_TIMEOUT_S),
+             about=f"preflight: the image's Ray is kubernetes.ray_version {settings.kubernetes.ray_version}; "
+                   "stops at the first pull error the kubelet reports"),
+        Step("image-check-done", remove),
     ]
 
 

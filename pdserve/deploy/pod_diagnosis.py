@@ -20,9 +20,23 @@ from pdserve.deploy.steps import Readiness
 _FIT_ERROR = re.compile(r"\d+/\d+ nodes are available: (?P<reasons>.*?)(?:\. preemption:|\.?$)", re.DOTALL)
 _INSUFFICIENT = re.compile(r"^\d+ Insufficient (?P<resource>\S+)$")
 _NO_MATCH = re.compile(r"^\d+ node\(s\) didn't match Pod's node affinity/selector$")
-_UNTOLERATED = re.compile(r"^\d+ node\(s\) had untolerated taint")
-# Waiting reasons the kubelet keeps retrying but that a retry does not fix.
-_IMAGE_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
+_UNTOLERATED = re.compile(r"^\d+ node\(s\) had untolerated taint \{(?P<key>[^:}]*)")
+# Taints of a node that is still coming up, which their owners take off by themselves: the node lifecycle
+# controller's not-ready and unreachable (pkg/controller/nodelifecycle/node_lifecycle_controller.go,
+# nodeConditionToTaintKeyStatusMap: removed once the node is Ready), and the cloud provider's uninitialized,
+# which the kubelet sets at registration with an external cloud provider and the cloud controller manager
+# removes once it has initialised the node (k8s.io/cloud-provider api/well_known_taints.go, TaintExternalCloudProvider;
+# controllers/node/node_controller.go). A pod kept off such a node waits: it is no blocker.
+TRANSIENT_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable",
+                    "node.cloudprovider.kubernetes.io/uninitialized")
+# The waiting reasons the kubelet gives a container whose image it cannot get: its own
+# (kubernetes pkg/kubelet/images/types.go) and the two its image manager takes from the runtime's error
+# (pkg/kubelet/images/image_manager.go evalCRIPullErr, k8s.io/cri-api/pkg/errors). The kubelet retries a pull
+# with back-off, but a missing image, a registry that refuses the node or a name it cannot parse stays so.
+IMAGE_PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
+                      "ImageInspectError", "RegistryUnavailable", "SignatureValidationFailed")
+IMAGE_PULL_FIX = ("the node cannot pull kubernetes.image: push the image, check its name and tag, and that the "
+                  "node role may pull from its registry")
 _FIXES = {
     EFA_RESOURCE: "no node offers vpc.amazonaws.com/efa: the EFA device plugin (DaemonSet aws-efa-k8s-device-plugin "
                   "in kube-system) does not run on the GPU nodes, or they have no EFA interfaces (eks.efa); see "
@@ -120,20 +134,22 @@ def pod_problems(pods: list[dict[str, Any]], *, events: list[dict[str, Any]], no
     """One problem per pod that is unschedulable or whose container cannot start."""
     problems = []
     for pod in pods:
-        problem = _container_problem(pod) or _scheduling_problem(pod, events=events, nodes=nodes)
+        problem = container_problem(pod) or _scheduling_problem(pod, events=events, nodes=nodes)
         if problem is not None:
             problems.append(problem)
     return problems
 
 
-def _container_problem(pod: dict[str, Any]) -> PodProblem | None:
+def container_problem(pod: dict[str, Any]) -> PodProblem | None:
+    """A container of ``pod`` that cannot start, init containers first: KubeRay's ``wait-gcs-ready`` on a
+    worker runs the worker's image, so a bad image shows there while the Ray container is PodInitializing."""
     name = pod["metadata"]["name"]
-    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+    status = pod.get("status") or {}
+    for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
         waiting = (container.get("state") or {}).get("waiting") or {}
         reason, message = waiting.get("reason", ""), waiting.get("message", "")
-        if reason in _IMAGE_REASONS:
-            return PodProblem(name, f"{reason}: {message}", fix="the node cannot pull kubernetes.image: push the image, "
-                              "check its name and tag, and that the node role may pull from its registry")
+        if reason in IMAGE_PULL_REASONS:
+            return PodProblem(name, f"{reason}: {message}", fix=IMAGE_PULL_FIX)
         if reason == "CreateContainerConfigError":
             return PodProblem(name, f"{reason}: {message}", fix="create what the pod refers to (a Secret or ConfigMap)")
         if reason == "CrashLoopBackOff":
@@ -160,7 +176,7 @@ def _scheduling_fix(pod: dict[str, Any], reasons: list[str], nodes: list[dict[st
     """The fix when no node could ever take the pod as the cluster stands (fixed node groups), else ''."""
     selector: dict[str, str] = pod["spec"].get("nodeSelector") or {}
     candidates = [node for node in nodes if selector.items() <= node["metadata"].get("labels", {}).items()]
-    if not candidates or (reasons and all(_NO_MATCH.match(reason) or _UNTOLERATED.match(reason) for reason in reasons)):
+    if not candidates or (reasons and all(_NO_MATCH.match(reason) or _is_lasting_taint(reason) for reason in reasons)):
         return (f"no node carries the labels {selector} and tolerates the pod: check the pools' placement.node_labels, "
                 "kubernetes.head_node_labels and the node groups' labels and taints")
     requests = _requests(pod)
@@ -176,6 +192,11 @@ def _scheduling_fix(pod: dict[str, Any], reasons: list[str], nodes: list[dict[st
                               f"{resource} but its nodes offer at most {_shown(resource, offered)}: lower "
                               "placement.cpus or placement.memory_gib, or use a larger instance type")
     return ""
+
+
+def _is_lasting_taint(reason: str) -> bool:
+    untolerated = _UNTOLERATED.match(reason)
+    return untolerated is not None and untolerated.group("key") not in TRANSIENT_TAINTS
 
 
 def _shown(resource: str, amount: float) -> str:

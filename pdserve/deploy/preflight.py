@@ -3,7 +3,10 @@
 - The GPU nodes: each offers ``nvidia.com/gpu`` and the EFA interfaces the pools ask for, and the EFA
   device plugin runs on it. A plugin that can never run there (its tolerations or node affinity leave the
   node out) stops ``cloud up`` at once with the fix; one that is still starting is waited for.
-- The image: the Ray it carries is ``kubernetes.ray_version``.
+- The image: a throw-away pod of it on a system node pulls it and writes its Ray version where the pod's status
+  carries it back; a pull the kubelet reports failed (no such image, a registry that refuses the node, a name it
+  cannot parse) stops ``cloud up`` at the first look, with the kubelet's own reason and message. Its Ray must be
+  ``kubernetes.ray_version``.
 
 No I/O: ``eks.py`` puts the commands in the plan, ``runner.py`` runs them and hands their output here.
 """
@@ -16,6 +19,7 @@ from typing import Any
 
 from pdserve.config import Settings
 from pdserve.deploy.eksctl import GPU_NODE_GROUP, GPU_TAINT
+from pdserve.deploy.pod_diagnosis import TRANSIENT_TAINTS, container_problem
 from pdserve.deploy.rayservice import EFA_RESOURCE, GPU_RESOURCE
 from pdserve.deploy.steps import Readiness
 from pdserve.role import Role
@@ -27,8 +31,28 @@ PLUGIN_NAMESPACE = "kube-system"
 # EKS labels every node of a managed node group with the group's name.
 NODE_GROUP_LABEL = "eks.amazonaws.com/nodegroup"
 IMAGE_CHECK_POD = "pdserve-image-check"
+IMAGE_CHECK_NAMESPACE = "default"
+# The kubelet copies this file's content into the container's terminated state (status.containerStatuses[].state
+# .terminated.message) when it exits; FallbackToLogsOnError puts the log's tail there instead when the file is empty
+# and the exit is an error, so a traceback comes back the same way (kubernetes.io/docs/tasks/debug/debug-application/
+# determine-reason-pod-failure/, "Customizing the termination message"). The kubelet makes the file writable for a
+# non-root user such as the Ray images' (pkg/kubelet/kuberuntime/kuberuntime_container.go, makeMounts).
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+_WRITE_RAY_VERSION = f"import ray; open({TERMINATION_MESSAGE_PATH!r}, 'w').write(ray.__version__)"
 _VERSION = re.compile(r"^\d+\.\d+\.\d+\S*$")
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+# The DaemonSet controller adds these tolerations to every pod it creates, on top of the template
+# (kubernetes pkg/controller/daemon/util/daemonset_util.go, AddOrUpdateDaemonPodTolerations), and decides
+# where a pod may run with them (daemon_controller.go NewPod, predicates): not-ready and unreachable with
+# NoExecute; disk-pressure, memory-pressure, pid-pressure and unschedulable with NoSchedule; network-unavailable
+# with NoSchedule for a hostNetwork pod only. node.kubernetes.io/not-ready:NoSchedule is not among them.
+DAEMON_POD_TOLERATIONS = (
+    *({"key": f"node.kubernetes.io/{key}", "operator": "Exists", "effect": "NoExecute"}
+      for key in ("not-ready", "unreachable")),
+    *({"key": f"node.kubernetes.io/{key}", "operator": "Exists", "effect": "NoSchedule"}
+      for key in ("disk-pressure", "memory-pressure", "pid-pressure", "unschedulable")),
+)
+HOST_NETWORK_TOLERATION = {"key": "node.kubernetes.io/network-unavailable", "operator": "Exists", "effect": "NoSchedule"}
 _NO_EFA = (f"so it never runs there, the node offers no {EFA_RESOURCE} and the engine pods would stay Pending "
            f"(FailedScheduling: Insufficient {EFA_RESOURCE})")
 
@@ -68,7 +92,7 @@ def gpu_nodes_readiness(list_json: str, *, settings: Settings) -> Readiness:
                 blockers += _plugin_blockers(plugin, node)
                 waiting += _plugin_waits(plugin_pods, node)
     for node in nodes:
-        waiting += _capacity_waits(node, gpus=gpus, efa=efa)
+        waiting += _node_waits(node) + _capacity_waits(node, gpus=gpus, efa=efa)
     summary = "; ".join(waiting) or f"{len(nodes)} GPU nodes, each with {gpus} {GPU_RESOURCE}" + (
         f" and {efa} {EFA_RESOURCE}, the EFA device plugin running on each" if efa else "")
     return Readiness(is_ready=not waiting and not blockers, summary=summary, blocker="\n".join(blockers))
@@ -81,18 +105,46 @@ def gpu_nodes_wanted(settings: Settings) -> str:
     return wanted + (f" and {efa} {EFA_RESOURCE} and runs the EFA device plugin {EFA_PLUGIN}" if efa else "")
 
 
-def image_check_argv(kubectl: tuple[str, ...], settings: Settings) -> tuple[str, ...]:
-    """A throw-away pod of the image on a system node that prints its Ray version; it also pulls the image
-    where the Ray head will run. ``--rm`` removes it once it has printed."""
-    overrides = {"apiVersion": "v1", "spec": {"nodeSelector": dict(settings.kubernetes.head_node_labels)}}
-    return (*kubectl, "run", IMAGE_CHECK_POD, "--namespace", "default", "--image", settings.kubernetes.image,
-            "--restart=Never", "--rm", "--attach", "--quiet", "--pod-running-timeout=20m",
-            f"--overrides={json.dumps(overrides)}", "--command", "--",
-            "python", "-c", "import ray; print(ray.__version__)")
+def image_check_pod(settings: Settings) -> dict[str, Any]:
+    """A throw-away pod of the image on a system node, where the Ray head will run (so the pull is not wasted),
+    that writes its Ray version to its termination message and exits. Created, polled, then removed."""
+    container = {"name": "check", "image": settings.kubernetes.image, "command": ["python", "-c", _WRITE_RAY_VERSION],
+                 "terminationMessagePath": TERMINATION_MESSAGE_PATH, "terminationMessagePolicy": "FallbackToLogsOnError"}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": IMAGE_CHECK_POD, "namespace": IMAGE_CHECK_NAMESPACE,
+                         "labels": {"app.kubernetes.io/name": IMAGE_CHECK_POD}},
+            "spec": {"restartPolicy": "Never", "nodeSelector": dict(settings.kubernetes.head_node_labels),
+                     "containers": [container]}}
+
+
+def image_check_readiness(pod_json: str, *, settings: Settings) -> Readiness:
+    """One look at the check pod (``kubectl get pod -o json``): ready when it exited 0 having written
+    ``kubernetes.ray_version``; a blocker at the first pull failure the kubelet reports, when the check
+    exited non-zero, or when the image carries another Ray; else it is still being pulled or run."""
+    pod: dict[str, Any] = json.loads(pod_json)
+    status = pod.get("status") or {}
+    problem = container_problem(pod)
+    if problem is not None and problem.fix:
+        return Readiness(is_ready=False, summary=problem.cause, blocker=(
+            f"the image {settings.kubernetes.image} cannot be pulled: {problem.cause}\n    fix: {problem.fix}; "
+            f"`kubectl --namespace {IMAGE_CHECK_NAMESPACE} describe pod {IMAGE_CHECK_POD}` shows the kubelet's events "
+            "(the next `pdserve cloud up` replaces the pod)"))
+    states = [container.get("state") or {} for container in status.get("containerStatuses") or []]
+    terminated = next((state["terminated"] for state in states if state.get("terminated")), None)
+    if terminated is None:
+        waiting = [(state.get("waiting") or {}).get("reason", "") for state in states]
+        return Readiness(is_ready=False, summary=", ".join(filter(None, waiting)) or status.get("phase", "Pending"))
+    message = str(terminated.get("message", ""))
+    if terminated.get("exitCode") != 0:
+        return Readiness(is_ready=False, summary=f"exit {terminated.get('exitCode')}", blocker=(
+            f"the image {settings.kubernetes.image} could not run `python -c {_WRITE_RAY_VERSION!r}`: exit "
+            f"{terminated.get('exitCode')} ({terminated.get('reason', '')}): {message.strip()[-500:]}"))
+    problem_text = ray_version_problem(message, settings=settings)
+    return Readiness(is_ready=not problem_text, summary=f"the image carries Ray {message.strip()}", blocker=problem_text)
 
 
 def ray_version_problem(output: str, *, settings: Settings) -> str:
-    """'' when the image's Ray (the check pod's last version-like line) is ``kubernetes.ray_version``."""
+    """'' when the image's Ray (the last version-like line of the check pod's message) is ``kubernetes.ray_version``."""
     spec = settings.kubernetes
     found = next((line.strip() for line in reversed(output.splitlines()) if _VERSION.match(line.strip())), "")
     if found == spec.ray_version:
@@ -114,8 +166,10 @@ def _plugin_blockers(plugin: dict[str, Any], node: dict[str, Any]) -> list[str]:
     """Why the plugin's pods can never run on ``node`` as the DaemonSet stands (empty when they can)."""
     name, pod_spec = node["metadata"]["name"], plugin["spec"]["template"]["spec"]
     blockers = []
+    tolerations = _daemon_pod_tolerations(pod_spec)
     for taint in (node.get("spec") or {}).get("taints") or []:
-        if taint.get("effect") in _BLOCKING_EFFECTS and not _tolerates(pod_spec.get("tolerations") or [], taint):
+        if (taint.get("effect") in _BLOCKING_EFFECTS and taint.get("key") not in TRANSIENT_TAINTS
+                and not _tolerates(tolerations, taint)):
             shown = f"{taint['key']}={taint.get('value', '')}:{taint['effect']}"
             blockers.append(
                 f"the EFA device plugin does not tolerate the taint {shown} of node {name}, {_NO_EFA}. "
@@ -129,6 +183,25 @@ def _plugin_blockers(plugin: dict[str, Any], node: dict[str, Any]) -> list[str]:
                         "(eks.gpu_instance_type), use an eksctl that lists it, or set eks.efa: false and "
                         "placement.efa_devices: 0")
     return blockers
+
+
+def _daemon_pod_tolerations(pod_spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tolerations a DaemonSet's pods carry: its template's and those its controller adds."""
+    added = [*DAEMON_POD_TOLERATIONS, *([HOST_NETWORK_TOLERATION] if pod_spec.get("hostNetwork") else [])]
+    return [*(pod_spec.get("tolerations") or []), *added]
+
+
+def _node_waits(node: dict[str, Any]) -> list[str]:
+    """A node still coming up: not Ready, or carrying a taint its owner takes off once it is."""
+    name = node["metadata"]["name"]
+    conditions = {condition.get("type"): condition for condition in (node.get("status") or {}).get("conditions") or []}
+    transient = [f"{taint['key']}:{taint.get('effect', '')}" for taint in (node.get("spec") or {}).get("taints") or []
+                 if taint.get("key") in TRANSIENT_TAINTS]
+    ready = conditions.get("Ready", {}).get("status", "True")
+    if ready == "True" and not transient:
+        return []
+    return [f"{name} is coming up (Ready={ready}"
+            + (f", tainted {', '.join(transient)}" if transient else "") + ")"]
 
 
 def _plugin_waits(plugin_pods: list[dict[str, Any]], node: dict[str, Any]) -> list[str]:

@@ -27,6 +27,20 @@ modelled:
   prompt tokens x STANDIN_KV_BYTES_PER_TOKEN at STANDIN_KV_GBPS (default 3, EFA on a g6.8xlarge); the scrape
   is modelled as immediate. ``X-PD-Mode: local`` runs on one engine and moves none. The defaults are
   Qwen3.5-9B's, the example's model (KV_BYTES_PER_TOKEN, KV_STATE_BYTES).
+Processes, with time as a count of reads in the state file (never wall-clock):
+- Nodes register NotReady, tainted node.kubernetes.io/not-ready:NoSchedule and
+  node.cloudprovider.kubernetes.io/uninitialized=true:NoSchedule, for the first STANDIN_NODE_NOT_READY_READS
+  (default 1) reads of the nodes after their group is created, then Ready and untainted.
+- DaemonSet pods carry the tolerations the DaemonSet controller adds to the template's, on the pods only.
+- An image is pulled when a pod first runs: the check pod shows ContainerCreating on its first read, then exits
+  (Succeeded, its termination message as the kubelet reads it) or shows the kubelet's pull failure, then
+  ImagePullBackOff. STANDIN_IMAGE_PULL=not-found|unauthorized|bad-name makes every pull fail that way; a name
+  the reference grammar refuses (an ``<account>`` placeholder) fails as bad-name by itself.
+- KubeRay's worker pods wait in their ``wait-gcs-ready`` init container (Init:0/1) on the first read of the
+  RayService; the Serve app is DEPLOYING on the next, RUNNING on the one after: running pods are not a running app.
+- An engine replica reads the memlock its GPU node's NodeConfig (the node group's overrideBootstrapCommand) yields
+  after nodeadm's merge, containerd and CPython; a negative one fails pdserve's preflight, and Serve marks the
+  engine deployments DEPLOY_FAILED with its message.
 No pdserve imports: it runs as a separate process, as the real tools would.
 """
 
@@ -38,6 +52,7 @@ import json
 import os
 import re
 import sys
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +78,8 @@ EFA_PLUGIN = {"kind": "DaemonSet", "metadata": {"name": "aws-efa-k8s-device-plug
                                                 "labels": {"name": "aws-efa-k8s-device-plugin"}},
               "spec": {"selector": {"matchLabels": {"name": "aws-efa-k8s-device-plugin"}}, "template": {
                   "metadata": {"labels": {"name": "aws-efa-k8s-device-plugin"}},
-                  "spec": {"tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"},
+                  "spec": {"hostNetwork": True,  # as eksctl's manifest has it: DaemonSet pods then tolerate network-unavailable
+                           "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"},
                                            {"key": "aws.amazon.com/efa", "operator": "Exists", "effect": "NoSchedule"}],
                            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                                "nodeSelectorTerms": [{"matchExpressions": [{
@@ -134,7 +150,8 @@ def _create_node_group(name: str, cluster_config: dict[str, Any], state: dict[st
     """eksctl creates the group and then, in its post-creation tasks, the device plugins it needs."""
     (group,) = [group for group in cluster_config["managedNodeGroups"] if group["name"] == name]
     failing = os.environ.get("STANDIN_NODEGROUP_FAILS", "") == name
-    state["nodegroups"][name] = {"status": "CREATE_FAILED" if failing else "ACTIVE", "config": group}
+    state["nodegroups"][name] = {"status": "CREATE_FAILED" if failing else "ACTIVE", "config": group,
+                                 "born_at_read": state.get("node_reads", 0)}
     if failing:
         return _error(f"Error: failed to create nodegroups for cluster {cluster_config['metadata']['name']}")
     daemonsets = state.setdefault("daemonsets", {})
@@ -156,15 +173,17 @@ def _create_node_group(name: str, cluster_config: dict[str, Any], state: dict[st
 
 def _kubectl(words: list[str], stdin: str, state: dict[str, Any]) -> int:
     namespace = _flag(words, "--namespace") or "default"
-    if words[0] == "run":
-        print(os.environ.get("STANDIN_IMAGE_RAY_VERSION", "2.58.0"))
-    elif words[0] == "patch":
+    if words[0] == "create" and words[1] == "-f":
+        return _create_pod(yaml.safe_load(stdin), state)
+    if words[0] == "patch":
         return _patch_daemonset(words, state)
     elif words[0] == "apply":
         for obj in yaml.safe_load_all(stdin):
             if obj["kind"] == "Namespace":
                 state.setdefault("namespaces", []).append(obj["metadata"]["name"])
             elif obj["kind"] == "RayService":
+                if state.get("rayservice") is None:
+                    state["rayservice_reads"] = 0  # KubeRay creates its pods anew
                 state["rayservice"] = obj
     elif words[0] == "delete":
         return _delete(words, state)
@@ -184,6 +203,9 @@ def _get(words: list[str], namespace: str, state: dict[str, Any]) -> int:
         return 0 if name in state.get("secrets", []) else _error(f'Error from server (NotFound): secrets "{name}" not found')
     if kinds == ["crd"]:
         return 1  # no Prometheus Operator
+    if kinds == ["pod"]:
+        return _get_pod(name, namespace, state)
+    _count_reads(kinds, state)
     nodes, pods = _nodes(state), _pods(state)
     items: list[dict[str, Any]] = []
     for kind in kinds:
@@ -191,7 +213,7 @@ def _get(words: list[str], namespace: str, state: dict[str, Any]) -> int:
             service = state.get("rayservice")
             if name and service is None:
                 return _error(f'Error from server (NotFound): rayservices.ray.io "{name}" not found')
-            items += [_with_status(service, pods)] if service else []
+            items += [_with_status(service, pods, state)] if service else []
         elif kind == "nodes":
             items += nodes
         elif kind in ("daemonset", "daemonsets"):
@@ -203,6 +225,7 @@ def _get(words: list[str], namespace: str, state: dict[str, Any]) -> int:
             items += [pod for pod in _plugin_pods(state, nodes) + pods if pod["metadata"]["namespace"] == namespace]
         elif kind == "events":
             items += [event for pod in pods if (event := _scheduling_event(pod))]
+            items += [event for pod in pods for event in _pull_events(pod)]
     print(json.dumps(items[0] if name else {"kind": "List", "items": items}))
     return 0
 
@@ -261,6 +284,8 @@ def _delete(words: list[str], state: dict[str, Any]) -> int:
             state.pop(key, None)
     elif words[1] == "rayservice":
         state.pop("rayservice", None)
+    elif words[1] == "pod":
+        state.get("pods", {}).pop(words[2], None)
     elif words[1] == "secret":
         state["secrets"] = [secret for secret in state.get("secrets", []) if secret != words[2]]
     return 0
@@ -281,10 +306,11 @@ def _nodes(state: dict[str, Any]) -> list[dict[str, Any]]:
                     "spec": {"taints": config.get("taints", [])},
                     "status": {"allocatable": {"cpu": cpu, "memory": f"{memory}Gi"}, "capacity": {},
                                "conditions": [{"type": "Ready", "status": "True"}]}}
+            _while_coming_up(node, group, state)
             for plugin, resource in DEVICE_PLUGINS.items():
                 count = {"nvidia.com/gpu": gpus, "vpc.amazonaws.com/efa": efa}[resource]
                 daemonset = state.get("daemonsets", {}).get(plugin)
-                if count and daemonset and _runs_on(daemonset["spec"]["template"]["spec"], node):
+                if count and daemonset and _runs_on(_daemon_pod_spec(daemonset), node):
                     node["status"]["allocatable"][resource] = node["status"]["capacity"][resource] = str(count)
             nodes.append(node)
     return nodes
@@ -293,9 +319,9 @@ def _nodes(state: dict[str, Any]) -> list[dict[str, Any]]:
 def _plugin_pods(state: dict[str, Any], nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"kind": "Pod", "metadata": {"name": f"{name}-{node['metadata']['name']}", "namespace": "kube-system",
                                          "labels": daemonset["spec"]["template"]["metadata"]["labels"]},
-             "spec": {"nodeName": node["metadata"]["name"]}, "status": {"phase": "Running"}}
+             "spec": {**_daemon_pod_spec(daemonset), "nodeName": node["metadata"]["name"]}, "status": {"phase": "Running"}}
             for name, daemonset in state.get("daemonsets", {}).items() for node in nodes
-            if _runs_on(daemonset["spec"]["template"]["spec"], node)]
+            if _runs_on(_daemon_pod_spec(daemonset), node)]
 
 
 def _pods(state: dict[str, Any]) -> list[dict[str, Any]]:
@@ -316,6 +342,9 @@ def _pods(state: dict[str, Any]) -> list[dict[str, Any]]:
                                                "namespace": namespace, "labels": group["template"]["metadata"]["labels"]},
                    "spec": {**spec, "nodeName": ""}}
             _schedule(pod, nodes, free, is_worker=group_name != "head", number=len(pods))
+            if group_name != "head":
+                _wait_for_gcs(pod, state)
+            _pull_image(pod, reads=state.get("rayservice_reads", 0))
             pods.append(pod)
     return pods
 
@@ -360,12 +389,19 @@ def _scheduling_event(pod: dict[str, Any]) -> dict[str, Any] | None:
             "involvedObject": {"kind": "Pod", "name": pod["metadata"]["name"]}, "lastTimestamp": "2026-12-03T10:00:00Z"}
 
 
-def _with_status(service: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any]:
-    """Serve's deployments run once their pods do; KubeRay's Ready follows (numServeEndpoints > 0)."""
-    is_up = bool(pods) and all(pod["status"]["phase"] == "Running" for pod in pods)
-    state = "HEALTHY" if is_up else "UPDATING"
-    deployments = {name: {"status": state} for name in ("prefill", "decode", "gateway")}
-    app = {"status": "RUNNING" if is_up else "DEPLOYING", "serveDeploymentStatuses": deployments}
+def _with_status(service: dict[str, Any], pods: list[dict[str, Any]], state: dict[str, Any]) -> dict[str, Any]:
+    """Serve's app deploys once its pods run, and runs one read later; an engine replica that fails its
+    preflight makes its deployment DEPLOY_FAILED instead. KubeRay's Ready follows (numServeEndpoints > 0)."""
+    is_running = bool(pods) and all(pod["status"]["phase"] == "Running" for pod in pods)
+    is_deployed = is_running and state.get("rayservice_reads", 0) >= SERVE_RUNNING_AFTER_READS
+    failure = _engine_preflight_failure(state) if is_deployed else ""
+    deployments = {name: {"status": "HEALTHY" if is_deployed else "UPDATING"} for name in ("prefill", "decode", "gateway")}
+    if failure:
+        for name in ("prefill", "decode"):
+            deployments[name] = {"status": "DEPLOY_FAILED", "message": SERVE_FAILURE.format(deployment=name, problem=failure)}
+    app_status = "DEPLOY_FAILED" if failure else "RUNNING" if is_deployed else "DEPLOYING"
+    is_up = is_deployed and not failure
+    app = {"status": app_status, "serveDeploymentStatuses": deployments}
     return {**service, "status": {
         "conditions": [{"type": "Ready", "status": str(is_up), "reason": "NonZeroServeEndpoints" if is_up else "Initializing"}],
         ("activeServiceStatus" if is_up else "pendingServiceStatus"): {"applicationStatuses": {"pdserve": app}}}}
@@ -413,6 +449,229 @@ def _create_get_delete(command: str, state: dict[str, Any]) -> int:
         elif command.startswith(delete):
             state.pop(thing, None)
     return 0  # helm repo add: nothing to remember
+
+
+# The processes, in the order `cloud up` meets them; time is a count of reads kept in the state file.
+SERVE_RUNNING_AFTER_READS = 3  # reads of the RayService: 1 head up, workers in wait-gcs-ready; 2 DEPLOYING; 3 RUNNING
+# The taints a node is born with and loses once Ready (kubernetes pkg/controller/nodelifecycle/
+# node_lifecycle_controller.go: not-ready:NoSchedule while the Ready condition is False; k8s.io/cloud-provider
+# api/well_known_taints.go: the kubelet registers with an external cloud provider's uninitialized taint and the
+# cloud controller manager removes it, controllers/node/node_controller.go).
+COMING_UP_TAINTS = [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"},
+                    {"key": "node.cloudprovider.kubernetes.io/uninitialized", "value": "true", "effect": "NoSchedule"}]
+# What the kubelet reports until the VPC CNI is up (pkg/kubelet/nodestatus/setters.go, ReadyCondition).
+NOT_READY = {"type": "Ready", "status": "False", "reason": "KubeletNotReady",
+             "message": "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady "
+                        "message:Network plugin returns error: cni plugin not initialized"}
+# Added by the DaemonSet controller to each pod, not to the template (kubernetes pkg/controller/daemon/util/
+# daemonset_util.go AddOrUpdateDaemonPodTolerations, called from daemon_controller.go NewPod); network-unavailable
+# only for hostNetwork pods. not-ready:NoSchedule is not among them: a DaemonSet pod waits for a Ready node.
+DAEMON_POD_TOLERATIONS = [
+    *({"key": f"node.kubernetes.io/{key}", "operator": "Exists", "effect": "NoExecute"} for key in ("not-ready", "unreachable")),
+    *({"key": f"node.kubernetes.io/{key}", "operator": "Exists", "effect": "NoSchedule"}
+      for key in ("disk-pressure", "memory-pressure", "pid-pressure", "unschedulable")),
+]
+# Serve's message for a deployment whose replicas failed to start (python/ray/serve/_private/deployment_state.py,
+# _check_curr_status), with the replica's traceback; pdserve's EngineReplica raises EngineStartFailed.
+SERVE_FAILURE = ("The deployment failed to start 3 times in a row. This may be due to a problem with its constructor "
+                 "or initial health check failing. See controller logs for details. Error:\n"
+                 "ray::ServeReplica:pdserve:{deployment}.initialize_and_get_metadata() (pid=2406, ip=10.0.2.5)\n"
+                 '  File "/home/ray/anaconda3/lib/python3.12/concurrent/futures/_base.py", line 449, in result\n'
+                 "    return self.__get_result()\n"
+                 "pdserve.errors.EngineStartFailed: pdserve preflight: {problem}\n")
+
+
+def _count_reads(kinds: list[str], state: dict[str, Any]) -> None:
+    if "nodes" in kinds:
+        state["node_reads"] = state.get("node_reads", 0) + 1
+    if {"rayservice", "rayservices"} & set(kinds) and state.get("rayservice") is not None:
+        state["rayservice_reads"] = state.get("rayservice_reads", 0) + 1
+
+
+def _while_coming_up(node: dict[str, Any], group: dict[str, Any], state: dict[str, Any]) -> None:
+    """A node NotReady and tainted for its first STANDIN_NODE_NOT_READY_READS reads."""
+    reads = state.get("node_reads", 0) - group.get("born_at_read", 0)
+    if reads <= int(os.environ.get("STANDIN_NODE_NOT_READY_READS", "1")):
+        node["spec"]["taints"] = [*node["spec"]["taints"], *COMING_UP_TAINTS]
+        node["status"]["conditions"] = [NOT_READY]
+
+
+def _daemon_pod_spec(daemonset: dict[str, Any]) -> dict[str, Any]:
+    spec = daemonset["spec"]["template"]["spec"]
+    added = [*DAEMON_POD_TOLERATIONS, *([{"key": "node.kubernetes.io/network-unavailable", "operator": "Exists",
+                                          "effect": "NoSchedule"}] if spec.get("hostNetwork") else [])]
+    return {**spec, "tolerations": [*spec.get("tolerations", []), *added]}
+
+
+def _wait_for_gcs(pod: dict[str, Any], state: dict[str, Any]) -> None:
+    """KubeRay injects ``wait-gcs-ready`` into every worker pod, running the worker's image until ``ray
+    health-check`` reaches the head's GCS (ray-operator/controllers/ray/common/pod.go, DefaultWorkerPodTemplate,
+    ENABLE_INIT_CONTAINER_INJECTION on by default): the pod is Pending, Init:0/1, meanwhile."""
+    pod["spec"]["initContainers"] = [{"name": "wait-gcs-ready", "image": pod["spec"]["containers"][0]["image"]}]
+    if pod["status"]["phase"] != "Running":
+        return
+    if state.get("rayservice_reads", 0) > 1:
+        pod["status"]["initContainerStatuses"] = [{"name": "wait-gcs-ready", "ready": True, "state": {
+            "terminated": {"exitCode": 0, "reason": "Completed"}}}]
+        return
+    pod["status"].update(phase="Pending", initContainerStatuses=[
+        {"name": "wait-gcs-ready", "ready": False, "state": {"running": {}}}])
+    pod["status"]["containerStatuses"] = [{"ready": False, "restartCount": 0,
+                                           "state": {"waiting": {"reason": "PodInitializing"}}}]
+
+
+def _pull_failure(image: str) -> tuple[str, str, str] | None:
+    """(waiting reason, its message, the kubelet's Warning event) for a pull that fails, else None.
+
+    The kubelet refuses a name it cannot parse before pulling (pkg/kubelet/images/image_manager.go,
+    EnsureImageExists: "Failed to apply default image tag"; pkg/util/parsers/parsers.go ParseImageName;
+    distribution/reference's "invalid reference format"), and passes a runtime's pull error on as ErrImagePull
+    (evalCRIPullErr), whose text is containerd's (client/pull.go "failed to resolve reference"; internal/cri/server/
+    images/image_pull.go "failed to pull and unpack image"; core/remotes/docker/resolver.go: "REF: not found" on a
+    404, "unexpected status from HEAD request to URL: 403 Forbidden" when the registry refuses the node) behind gRPC's
+    "rpc error: code = ... desc = ..."."""
+    kind = os.environ.get("STANDIN_IMAGE_PULL", "")
+    if kind == "bad-name" or not re.fullmatch(r"[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?", image.rsplit("@", 1)[0]):
+        message = f'Failed to apply default image tag "{image}": couldn\'t parse image name "{image}": invalid reference format'
+        return "InvalidImageName", message, message
+    # a name without a registry is Docker Hub's, "library/" for one path component (distribution/reference
+    # normalize.go); containerd asks registry-1.docker.io for it (core/remotes/docker/config/hosts.go)
+    host, _, rest = image.partition("/") if "." in image.split("/")[0] else ("docker.io", "", image)
+    repository, _, tag = rest.partition(":")
+    repository = repository if host != "docker.io" or "/" in repository else f"library/{repository}"
+    reference = f"{host}/{repository}:{tag or 'latest'}"
+    resolve = f'failed to pull and unpack image "{reference}": failed to resolve reference "{reference}"'
+    if kind == "not-found":
+        message = f"rpc error: code = NotFound desc = {resolve}: {reference}: not found"
+    elif kind == "unauthorized":
+        url = f"https://{'registry-1.docker.io' if host == 'docker.io' else host}/v2/{repository}/manifests/{tag or 'latest'}"
+        message = f"rpc error: code = Unknown desc = {resolve}: unexpected status from HEAD request to {url}: 403 Forbidden"
+    else:
+        return None
+    return "ErrImagePull", message, f'Failed to pull image "{image}": {message}'
+
+
+def _pull_waiting(image: str, *, reads: int) -> dict[str, str] | None:
+    """The container's waiting state while its image is pulled: ContainerCreating on the first read, the
+    failure on the next, then ImagePullBackOff while the kubelet backs off (image_manager.go "Back-off pulling image")."""
+    failure = _pull_failure(image)
+    if failure is not None and (failure[0] == "InvalidImageName" or reads == 2):
+        return {"reason": failure[0], "message": failure[1]}
+    if failure is not None and reads > 2:
+        return {"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{image}"'}
+    return {"reason": "ContainerCreating"} if reads < 2 else None
+
+
+def _pull_image(pod: dict[str, Any], *, reads: int) -> None:
+    """A RayService pod whose image cannot be pulled: waiting where the pull happens first (the init container)."""
+    image = pod["spec"]["containers"][0]["image"]
+    if pod["status"]["phase"] == "Pending" and not pod["spec"]["nodeName"] or _pull_failure(image) is None:
+        return
+    waiting = _pull_waiting(image, reads=max(reads, 2)) or {}
+    statuses = "initContainerStatuses" if pod["spec"].get("initContainers") else "containerStatuses"
+    pod["status"].update(phase="Pending", containerStatuses=[{"ready": False, "restartCount": 0, "state": {
+        "waiting": {"reason": "PodInitializing"} if statuses == "initContainerStatuses" else waiting}}])
+    pod["status"][statuses] = [{"name": "wait-gcs-ready" if statuses == "initContainerStatuses" else "ray",
+                                "ready": False, "restartCount": 0, "state": {"waiting": waiting}}]
+
+
+def _pull_events(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    """The kubelet's events for a pull that failed (pkg/kubelet/events/event.go reasons)."""
+    image = pod["spec"]["containers"][0]["image"]
+    failure = _pull_failure(image)
+    if failure is None or not pod["spec"]["nodeName"]:
+        return []
+    reason = "InspectFailed" if failure[0] == "InvalidImageName" else "Failed"
+    involved = {"kind": "Pod", "name": pod["metadata"]["name"]}
+    return [{"kind": "Event", "type": "Warning", "reason": reason, "message": failure[2], "involvedObject": involved,
+             "lastTimestamp": "2026-12-03T10:00:00Z"}]
+
+
+def _create_pod(manifest: dict[str, Any], state: dict[str, Any]) -> int:
+    """``kubectl create -f -`` of one Pod: refused when it exists (AlreadyExists), as the API server does."""
+    pods = state.setdefault("pods", {})
+    name = manifest["metadata"]["name"]
+    if name in pods:
+        return _error(f'Error from server (AlreadyExists): error when creating "STDIN": pods "{name}" already exists')
+    pods[name] = {"manifest": manifest, "reads": 0}
+    print(f"pod/{name} created")
+    return 0
+
+
+def _get_pod(name: str, namespace: str, state: dict[str, Any]) -> int:
+    record = state.get("pods", {}).get(name)
+    if record is None or record["manifest"]["metadata"].get("namespace", "default") != namespace:
+        return _error(f'Error from server (NotFound): pods "{name}" not found')
+    record["reads"] += 1
+    print(json.dumps({**record["manifest"], "status": _one_off_pod_status(record["manifest"], reads=record["reads"],
+                                                                          nodes=_nodes(state))}))
+    return 0
+
+
+def _one_off_pod_status(manifest: dict[str, Any], *, reads: int, nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """A restartPolicy Never pod: placed on a node its selector and tolerations allow, its image pulled, its
+    command run once; Succeeded or Failed with the kubelet's termination message."""
+    spec = manifest["spec"]
+    selector = spec.get("nodeSelector") or {}
+    if not any(selector.items() <= node["metadata"]["labels"].items() and _runs_on(spec, node) for node in nodes):
+        return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}
+    (container,) = spec["containers"]
+    waiting = _pull_waiting(container["image"], reads=reads)
+    status: dict[str, Any] = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}
+    if waiting is not None:
+        return {**status, "containerStatuses": [{"name": container["name"], "ready": False, "restartCount": 0,
+                                                 "state": {"waiting": waiting}}]}
+    terminated = _run_ray_version_command(container)
+    return {**status, "phase": "Succeeded" if terminated["exitCode"] == 0 else "Failed", "containerStatuses": [
+        {"name": container["name"], "ready": False, "restartCount": 0, "state": {"terminated": terminated}}]}
+
+
+def _run_ray_version_command(container: dict[str, Any]) -> dict[str, Any]:
+    """The container's ``python -c`` under an image with Ray STANDIN_IMAGE_RAY_VERSION ('' = no Ray). The kubelet
+    reads the termination message from terminationMessagePath, falling back to the log's tail on an error exit
+    with FallbackToLogsOnError (kubernetes.io/docs/tasks/debug/debug-application/determine-reason-pod-failure/)."""
+    version = os.environ.get("STANDIN_IMAGE_RAY_VERSION", "2.58.0")
+    path = container.get("terminationMessagePath", "/dev/termination-log")
+    code = " ".join(container.get("command", []) + container.get("args", []))
+    if not version:
+        log = ('Traceback (most recent call last):\n  File "<string>", line 1, in <module>\n'
+               "ModuleNotFoundError: No module named 'ray'\n")
+        message = log if container.get("terminationMessagePolicy") == "FallbackToLogsOnError" else ""
+        return {"exitCode": 1, "reason": "Error", "message": message}
+    return {"exitCode": 0, "reason": "Completed", "message": version if path in code and "__version__" in code else ""}
+
+
+def _engine_preflight_failure(state: dict[str, Any]) -> str:
+    """Why the engine replicas' preflight fails on their GPU nodes (a negative memlock), else ''."""
+    for group in state.get("nodegroups", {}).values():
+        node_config = yaml.safe_load(group["config"].get("overrideBootstrapCommand") or "null")
+        limit = _container_memlock_bytes(node_config) if isinstance(node_config, dict) else None
+        if limit is not None and limit < 0 and limit != -1:  # -1 is RLIM_INFINITY, which pdserve reads as unlimited
+            # pdserve/engines/host_checks.py memlock_problem's words, for a g6.8xlarge's 22.5 GiB L4
+            return (f"memlock (ulimit -l) is {limit / 2**20:.0f} MiB but NIXL must pin 20.4 GiB (the KV staging "
+                    "buffer, up to 20.2 GiB of a 22.5 GiB GPU, and libfabric's efa packet pools)")
+    return ""
+
+
+def _container_memlock_bytes(node_config: dict[str, Any]) -> int | None:
+    """RLIMIT_MEMLOCK's soft limit as CPython's resource.getrlimit returns it in a container of a node bootstrapped
+    with ``node_config``, or None when the NodeConfig sets none.
+
+    nodeadm merges spec.containerd.baseRuntimeSpec by decoding JSON into map[string]interface{}, so the number
+    becomes a float64 (amazon-eks-ami nodeadm/internal/containerd/base_runtime_spec.go, nodeadm/internal/util/
+    merge.go), and writes it back with Go's encoding/json: the shortest digits that round-trip, in 'f' format
+    below 1e21, so zero-padded (encoding/json encode.go floatEncoder, strconv.AppendFloat(f, 'f', -1, 64)); Python's
+    repr gives the same shortest digits. containerd decodes the file into the OCI spec, whose rlimits are uint64
+    (opencontainers/runtime-spec specs-go/config.go POSIXRlimit), and CPython converts rlim_t to a signed long long
+    (Modules/resource.c rlimit2py)."""
+    process = ((node_config.get("spec") or {}).get("containerd") or {}).get("baseRuntimeSpec", {}).get("process") or {}
+    soft = next((rlimit["soft"] for rlimit in process.get("rlimits", []) if rlimit["type"] == "RLIMIT_MEMLOCK"), None)
+    if soft is None:
+        return None
+    written = int(Decimal(repr(float(soft))))
+    if not 0 <= written < 2**64:
+        raise ValueError(f"containerd cannot decode rlimit {written} into uint64: not modelled")
+    return written - 2**64 if written >= 2**63 else written
 
 
 def _serve_gateway() -> int:

@@ -7,14 +7,16 @@ import json
 import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner, Result
 
 from pdserve.cli import app
+from pdserve.deploy import eksctl, runner
 
 STANDINS = Path(__file__).with_name("eks_standins.py")
 TOOLS = ("aws", "eksctl", "helm", "kubectl")
@@ -29,21 +31,28 @@ decode:
   placement: {node_labels: {pdserve.io/node-role: gpu}, efa_devices: 1}
 gateway: {port: 9000}
 kubernetes: {name: pdserve, namespace: serving}
-eks: {cluster_name: demo, region: us-west-2, gpu_nodes: 2, ready_timeout_s: 5}
+eks: {cluster_name: demo, region: us-west-2, gpu_nodes: 2}
 """
 UP_STEPS = ["cluster", "system-nodes", "gpu-nodes", "kubeconfig", "efa-device-plugin", "gpu-nodes-ready",
-            "image-ray-version", "helm-repo", "kuberay-operator", "namespace", "ray-token", "replace-pods", "manifests",
-            "pod-monitor", "serving"]
+            "image-check-clean", "image-check-pod", "image-ray-version", "image-check-done", "helm-repo",
+            "kuberay-operator", "namespace", "ray-token", "replace-pods", "manifests", "pod-monitor", "serving"]
 DOWN_STEPS = ["kubeconfig", "pod-monitor", "manifests", "ray-token", "kuberay-operator", "cluster", "kube-context"]
-# the commands `up` runs (checks left out), by their leading words without --context
+# the commands `up` runs (checks left out), by their leading words without --context; each poll is one
+# command: the GPU nodes are NotReady and tainted at the first look, the check pod is pulling at its first, and
+# the Serve app waits for KubeRay's workers (wait-gcs-ready), then deploys, then runs
 UP_COMMANDS = [
     "aws ec2 describe-instance-type-offerings", "eksctl create cluster", "eksctl create nodegroup -f - --include system",
     "eksctl create nodegroup -f - --include gpu", "aws eks update-kubeconfig",
     "kubectl patch --namespace kube-system daemonset aws-efa-k8s-device-plugin --type merge",
-    "kubectl get nodes,daemonsets,pods --namespace kube-system", "kubectl run pdserve-image-check", "helm repo add",
+    *["kubectl get nodes,daemonsets,pods --namespace kube-system"] * 2, "kubectl create -f -",
+    *["kubectl get pod pdserve-image-check --namespace default -o json"] * 2,
+    "kubectl delete pod pdserve-image-check --namespace default", "helm repo add",
     "helm upgrade --install", "kubectl apply", "kubectl create secret", "kubectl apply",
-    "kubectl get rayservices,pods,events,nodes",
+    *["kubectl get rayservices,pods,events,nodes"] * 3,
 ]
+POLLS = ("get nodes,daemonsets,pods", "get rayservices,pods,events,nodes",
+         "get pod pdserve-image-check --namespace default -o json")
+MAX_SLEEPS = 20  # a poll that would go on waiting fails the test instead of spinning
 CHECKS = ("get", "status", "get-contexts")
 
 
@@ -52,6 +61,7 @@ class Standins:
     bin_dir: Path
     log: Path
     config: Path
+    sleeps_s: list[float] = field(default_factory=list)  # the runner's waits between polls, none taken
 
     def calls(self) -> list[dict[str, Any]]:
         if not self.log.exists():
@@ -65,11 +75,20 @@ class Standins:
 
     def forget_calls(self) -> None:
         self.log.unlink(missing_ok=True)
+        self.sleeps_s.clear()
+
+    def polls(self, words: str) -> int:
+        return sum(" ".join(call["words"]).startswith(words) for call in self.calls())
+
+    def sleep(self, seconds: float) -> None:
+        """The runner's sleep between polls: counted, not slept (the stand-ins' time is their count of reads)."""
+        self.sleeps_s.append(seconds)
+        assert len(self.sleeps_s) <= MAX_SLEEPS, "a poll kept waiting"
 
 
 def _is_check(tool: str, words: list[str]) -> bool:
-    if tool == "kubectl" and words[:2] in (["get", "rayservices,pods,events,nodes"], ["get", "nodes,daemonsets,pods"]):
-        return False  # the waits for the GPU nodes and for the app: steps of their own
+    if tool == "kubectl" and " ".join(words).startswith(POLLS):
+        return False  # the waits for the GPU nodes, the image and the app: steps of their own
     return (words[0] in CHECKS or words[:2] == ["config", "get-contexts"]) and tool != "aws"
 
 
@@ -88,7 +107,9 @@ def standins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Standins:
     monkeypatch.delenv("STANDIN_FAIL", raising=False)
     config = tmp_path / "eks.yaml"
     config.write_text(CONFIG)
-    return Standins(bin_dir=bin_dir, log=tmp_path / "calls.jsonl", config=config)
+    found = Standins(bin_dir=bin_dir, log=tmp_path / "calls.jsonl", config=config)
+    monkeypatch.setattr(runner, "time", SimpleNamespace(monotonic=time.monotonic, sleep=found.sleep))
+    return found
 
 
 def cloud(standins: Standins, *args: str) -> Result:
@@ -119,7 +140,7 @@ def test_up_dry_run_prints_every_command_and_manifest_in_order_and_calls_no_tool
     result = cloud(standins, "up", "--dry-run")
     assert result.exit_code == 0, result.output
     assert list(step_lines(result.output)) == UP_STEPS
-    assert re.findall(r"^\[ *(\d+)/15\]", result.output, flags=re.MULTILINE) == [str(n) for n in range(1, 16)]
+    assert re.findall(r"^\[ *(\d+)/18\]", result.output, flags=re.MULTILINE) == [str(n) for n in range(1, 19)]
     assert "aws ec2 describe-instance-type-offerings" in result.output
     for content in ("kind: ClusterConfig", "efaEnabled: true", "kind: RayService", "kind: Service",
                     "kind: PodMonitor", "helm upgrade --install kuberay-operator kuberay/kuberay-operator"):
@@ -278,9 +299,8 @@ def test_gpu_nodes_the_efa_plugin_never_runs_on_stop_up_at_the_first_poll_with_t
 ) -> None:
     """An eksctl whose EFA plugin manifest predates the instance type: no GPU node ever offers EFA."""
     monkeypatch.setenv("STANDIN_EFA_TYPES", "g5.8xlarge,p5.48xlarge")
-    started_s = time.monotonic()
     result = stopped_up(standins)
-    assert time.monotonic() - started_s < 10, "stopped within one poll (10 s), not at a timeout"
+    assert standins.polls("get nodes,daemonsets,pods") == 1 and standins.sleeps_s == [], "stopped at the first look"
     assert "FailedScheduling: Insufficient vpc.amazonaws.com/efa" in result.stderr
     assert "node affinity leaves out node ip-10-0-1-5 (g6.8xlarge)" in result.stderr
     assert "pick an EFA instance type (eks.gpu_instance_type)" in result.stderr
@@ -291,9 +311,8 @@ def test_pods_that_no_node_can_take_stop_the_wait_at_the_first_poll_with_the_sch
     standins: Standins,
 ) -> None:
     standins.config.write_text(CONFIG.replace("efa_devices: 1}", "efa_devices: 1, memory_gib: 200}"))
-    started_s = time.monotonic()
     result = stopped_up(standins)
-    assert time.monotonic() - started_s < 10
+    assert standins.polls("get rayservices,pods,events,nodes") == 1
     assert ("pod pdserve-raycluster-prefill-worker-0: Pending: 0/3 nodes are available: 1 node(s) didn't match Pod's "
             "node affinity/selector, 2 Insufficient memory.") in result.stderr
     assert "the pod requests 200.0Gi of memory but its nodes offer at most 120.0Gi" in result.stderr
@@ -336,3 +355,103 @@ def test_a_change_of_the_pods_replaces_the_rayservice_and_a_change_of_serve_conf
         assert result.exit_code == 0, result.output
         replaced = [command for command in standins.commands() if command.startswith("kubectl delete rayservice")]
         assert bool(replaced) is is_replaced, step_lines(result.output)["replace-pods"]
+
+
+ECR_IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/pdserve:0.1.0"
+
+
+@pytest.mark.parametrize(("pull", "reason", "message"), [
+    ("not-found", "ErrImagePull", (f'rpc error: code = NotFound desc = failed to pull and unpack image "{ECR_IMAGE}": '
+                                  f'failed to resolve reference "{ECR_IMAGE}": {ECR_IMAGE}: not found')),
+    ("unauthorized", "ErrImagePull", ("unexpected status from HEAD request to https://123456789012.dkr.ecr.us-west-2."
+                                     "amazonaws.com/v2/pdserve/manifests/0.1.0: 403 Forbidden")),
+    ("bad-name", "InvalidImageName", (f'Failed to apply default image tag "{ECR_IMAGE}": couldn\'t parse image name '
+                                     f'"{ECR_IMAGE}": invalid reference format')),
+])
+def test_an_image_that_cannot_be_pulled_stops_up_at_the_first_pull_error_with_the_kubelets_reason(
+    standins: Standins, monkeypatch: pytest.MonkeyPatch, pull: str, reason: str, message: str,
+) -> None:
+    """Not 20 minutes of `kubectl run --pod-running-timeout`: the look after the pull failed stops the plan."""
+    monkeypatch.setenv("STANDIN_IMAGE_PULL", pull)
+    standins.config.write_text(CONFIG.replace("namespace: serving}", f"namespace: serving, image: '{ECR_IMAGE}'}}"))
+    result = stopped_up(standins)
+    assert f"step image-ray-version: the image {ECR_IMAGE} cannot be pulled: {reason}: " in result.stderr
+    assert message in result.stderr
+    assert "fix: the node cannot pull kubernetes.image" in result.stderr
+    # InvalidImageName is refused before any pull; a pull shows ContainerCreating once, then its failure
+    polls = 1 if reason == "InvalidImageName" else 2
+    assert standins.polls(POLLS[2]) == polls
+    assert len(standins.sleeps_s) == 1 + (polls - 1)  # one wait for the GPU nodes, none after the failure
+    assert applied_nothing(standins)
+
+
+def test_the_examples_account_placeholder_is_an_invalid_image_name_at_the_first_look(standins: Standins) -> None:
+    image = "<account>.dkr.ecr.us-west-2.amazonaws.com/pdserve:0.1.0"
+    standins.config.write_text(CONFIG.replace("namespace: serving}", f"namespace: serving, image: '{image}'}}"))
+    result = stopped_up(standins)
+    assert f'InvalidImageName: Failed to apply default image tag "{image}"' in result.stderr
+    assert standins.polls(POLLS[2]) == 1
+
+
+def test_a_rerun_replaces_the_check_pod_an_interrupted_run_left(
+    standins: Standins, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("STANDIN_IMAGE_PULL", "not-found")
+    stopped_up(standins)  # the pod stays, in ImagePullBackOff, for `kubectl describe`
+    monkeypatch.delenv("STANDIN_IMAGE_PULL")  # the image was pushed
+    standins.forget_calls()
+    result = cloud(standins, "up")
+    assert result.exit_code == 0, result.output
+    assert step_lines(result.output)["image-check-clean"][0].startswith("running: kubectl --context")
+    assert "ready: the image carries Ray 2.58.0" in result.output
+    assert standins.commands().count("kubectl delete pod pdserve-image-check --namespace default --ignore-not-found "
+                                     "--wait=true") == 2  # the old pod first, the new one after
+
+
+def test_an_image_without_ray_fails_the_check_with_its_traceback(
+    standins: Standins, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("STANDIN_IMAGE_RAY_VERSION", "")
+    result = stopped_up(standins)
+    assert "could not run `python -c" in result.stderr and "exit 1 (Error)" in result.stderr
+    assert "ModuleNotFoundError: No module named 'ray'" in result.stderr
+
+
+def test_gpu_nodes_that_come_up_tainted_and_not_ready_are_waited_for_not_a_blocker(standins: Standins) -> None:
+    """A new node carries not-ready and the cloud provider's uninitialized taint until it is Ready, and the EFA
+    plugin's pods (whatever the DaemonSet controller adds) tolerate neither: a wait, never "never runs"."""
+    result = cloud(standins, "up")
+    assert result.exit_code == 0, result.output
+    waited, ready = step_lines(result.output)["gpu-nodes-ready"][1:3]
+    assert waited.startswith("waiting") and ("ip-10-0-1-5 is coming up (Ready=False, tainted "
+                                             "node.kubernetes.io/not-ready:NoSchedule, "
+                                             "node.cloudprovider.kubernetes.io/uninitialized:NoSchedule)") in waited
+    assert "EFA device plugin on ip-10-0-1-5: no pod yet" in waited
+    assert ready.startswith("ready: 2 GPU nodes")
+    assert standins.polls("get nodes,daemonsets,pods") == 2
+
+
+def test_the_serve_app_is_waited_for_through_kuberays_init_container_and_deploying(standins: Standins) -> None:
+    result = cloud(standins, "up")
+    assert result.exit_code == 0, result.output
+    first, second = [line for line in step_lines(result.output)["serving"] if line.startswith("waiting")]
+    assert "app pdserve DEPLOYING (prefill UPDATING, decode UPDATING, gateway UPDATING)" in first
+    assert "app pdserve DEPLOYING" in second
+    assert standins.polls("get rayservices,pods,events,nodes") == 3
+
+
+def test_the_engines_read_a_memlock_they_can_pin_after_nodeadm_containerd_and_cpython(standins: Standins) -> None:
+    """The stand-in takes the NodeConfig's memlock through nodeadm's float64 merge, containerd's uint64 and
+    CPython's signed rlimit; the engines' preflight refuses a negative one and Serve gives up on them."""
+    result = cloud(standins, "up")
+    assert result.exit_code == 0, result.stderr
+    assert "DEPLOY_FAILED" not in result.output
+
+
+def test_a_negative_memlock_stops_the_wait_with_the_engines_preflight_line(
+    standins: Standins, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(eksctl, "MEMLOCK_BYTES", 2**63 - 1)  # 9a77e7e's: 2^63 after float64, -2^63 in CPython
+    result = stopped_up(standins)
+    assert ("deployment pdserve/decode DEPLOY_FAILED: pdserve.errors.EngineStartFailed: pdserve preflight: memlock "
+            "(ulimit -l) is -8796093022208 MiB but NIXL must pin 20.4 GiB") in result.stderr

@@ -93,3 +93,32 @@ def test_a_serve_deployment_that_gave_up_stops_the_wait_with_its_preflight_line(
 def test_ready_when_kuberay_says_so_and_absent_until_applied() -> None:
     assert look(rayservice(conditions=[{"type": "Ready", "status": "True"}])).is_ready
     assert look().summary == "RayService pdserve not created yet"
+
+
+def test_a_worker_whose_wait_gcs_ready_cannot_pull_the_image_is_a_blocker() -> None:
+    """KubeRay's init container runs the worker's image: its pull fails first, while the Ray container waits
+    in PodInitializing."""
+    worker = {"kind": "Pod", "metadata": {"name": "decode-0"}, "spec": {"containers": [{}]}, "status": {
+        "phase": "Pending",
+        "initContainerStatuses": [{"name": "wait-gcs-ready", "state": {"waiting": {
+            "reason": "ErrImagePull", "message": "rpc error: code = NotFound desc = ...: not found"}}}],
+        "containerStatuses": [{"name": "ray-worker", "state": {"waiting": {"reason": "PodInitializing"}}}]}}
+    readiness = look(rayservice(), worker)
+    assert "pod decode-0: ErrImagePull: rpc error: code = NotFound" in readiness.blocker
+
+
+def test_a_pull_the_runtime_refuses_is_a_blocker_too() -> None:
+    """The reasons the kubelet takes from the runtime's error (image_manager.go evalCRIPullErr)."""
+    for reason in ("RegistryUnavailable", "SignatureValidationFailed", "ErrImageNeverPull"):
+        pod = {"kind": "Pod", "metadata": {"name": "head-0"}, "spec": {"containers": [{}]}, "status": {
+            "phase": "Pending", "containerStatuses": [{"state": {"waiting": {"reason": reason, "message": "m"}}}]}}
+        assert f"pod head-0: {reason}: m" in look(rayservice(), pod).blocker
+
+
+def test_a_pod_kept_off_nodes_still_coming_up_is_waited_for() -> None:
+    """A node's not-ready and uninitialized taints go once it is Ready: no blocker, unlike a lasting taint."""
+    coming_up = ("0/2 nodes are available: 2 node(s) had untolerated taint {node.kubernetes.io/not-ready: }. "
+                 "preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling.")
+    assert look(rayservice(), pending_pod("decode-0", coming_up), node("gpu-a")).blocker == ""
+    lasting = coming_up.replace("node.kubernetes.io/not-ready", "dedicated")
+    assert "tolerates the pod" in look(rayservice(), pending_pod("decode-0", lasting), node("gpu-a")).blocker

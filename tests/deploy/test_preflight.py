@@ -10,7 +10,13 @@ import pytest
 
 from pdserve.config import Settings, load_settings
 from pdserve.deploy.eksctl import cluster_config, node_group_state, unresolved_zones
-from pdserve.deploy.preflight import efa_plugin_tolerations, gpu_nodes_readiness, ray_version_problem
+from pdserve.deploy.preflight import (
+    efa_plugin_tolerations,
+    gpu_nodes_readiness,
+    image_check_pod,
+    image_check_readiness,
+    ray_version_problem,
+)
 from pdserve.errors import ConfigError, DeployError
 
 EKS_EXAMPLE = Path(__file__).parents[2] / "examples" / "eks-g6-efa.yaml"
@@ -26,15 +32,17 @@ def settings() -> Settings:
     return load_settings(EKS_EXAMPLE)
 
 
-def gpu_node(name: str, *, gpus: str = "1", efa: str = "1", instance_type: str = "g6.8xlarge") -> dict[str, Any]:
+def gpu_node(name: str, *, gpus: str = "1", efa: str = "1", instance_type: str = "g6.8xlarge",
+             taints: tuple[dict[str, str], ...] = (), is_ready: bool = True) -> dict[str, Any]:
     labels = {"eks.amazonaws.com/nodegroup": "gpu", "node.kubernetes.io/instance-type": instance_type}
-    return {"kind": "Node", "metadata": {"name": name, "labels": labels}, "spec": {"taints": [GPU_TAINT]},
-            "status": {"allocatable": {"nvidia.com/gpu": gpus, "vpc.amazonaws.com/efa": efa}}}
+    return {"kind": "Node", "metadata": {"name": name, "labels": labels}, "spec": {"taints": [GPU_TAINT, *taints]},
+            "status": {"allocatable": {"nvidia.com/gpu": gpus, "vpc.amazonaws.com/efa": efa},
+                       "conditions": [{"type": "Ready", "status": str(is_ready)}]}}
 
 
-def efa_plugin(tolerations: list[dict[str, str]]) -> dict[str, Any]:
-    return {"kind": "DaemonSet", "metadata": {"name": "aws-efa-k8s-device-plugin"},
-            "spec": {"template": {"spec": {"tolerations": tolerations, "affinity": EFA_TYPES}}}}
+def efa_plugin(tolerations: list[dict[str, str]], *, host_network: bool = False) -> dict[str, Any]:
+    spec = {"tolerations": tolerations, "affinity": EFA_TYPES, **({"hostNetwork": True} if host_network else {})}
+    return {"kind": "DaemonSet", "metadata": {"name": "aws-efa-k8s-device-plugin"}, "spec": {"template": {"spec": spec}}}
 
 
 def plugin_pod(node: str, phase: str = "Running") -> dict[str, Any]:
@@ -106,3 +114,74 @@ def test_configurations_a_cluster_could_never_serve_are_refused_before_anything_
         cluster_config(new_cluster, unresolved_zones(new_cluster.eks))
     roomy = load_settings(EKS_EXAMPLE, overrides={"kubernetes.upgrade": "new_cluster", "eks.gpu_nodes": 4})
     assert cluster_config(roomy, unresolved_zones(roomy.eks))["managedNodeGroups"][1]["desiredCapacity"] == 4
+
+
+# A node as the kubelet registers it and the node lifecycle controller taints it until it is Ready.
+COMING_UP = ({"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"},
+             {"key": "node.cloudprovider.kubernetes.io/uninitialized", "value": "true", "effect": "NoSchedule"})
+
+
+def test_a_node_still_coming_up_is_waited_for_not_a_blocker() -> None:
+    """not-ready:NoSchedule is not among the DaemonSet controller's tolerations, but it goes by itself."""
+    result = readiness(efa_plugin(efa_plugin_tolerations()), gpu_node("a", efa="0", taints=COMING_UP, is_ready=False),
+                       gpu_node("b"), plugin_pod("b"))
+    assert result.blocker == "" and not result.is_ready
+    assert ("a is coming up (Ready=False, tainted node.kubernetes.io/not-ready:NoSchedule, "
+            "node.cloudprovider.kubernetes.io/uninitialized:NoSchedule)") in result.summary
+
+
+@pytest.mark.parametrize(("taint", "host_network", "is_blocked"), [
+    ({"key": "node.kubernetes.io/memory-pressure", "effect": "NoSchedule"}, False, False),
+    ({"key": "node.kubernetes.io/disk-pressure", "effect": "NoSchedule"}, False, False),
+    ({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}, False, False),
+    ({"key": "node.kubernetes.io/network-unavailable", "effect": "NoSchedule"}, True, False),
+    ({"key": "node.kubernetes.io/network-unavailable", "effect": "NoSchedule"}, False, True),
+    ({"key": "dedicated", "value": "batch", "effect": "NoExecute"}, False, True),
+])
+def test_the_tolerations_the_daemonset_controller_adds_to_its_pods_count(
+    taint: dict[str, str], host_network: bool, is_blocked: bool,
+) -> None:
+    """kubernetes pkg/controller/daemon/util/daemonset_util.go AddOrUpdateDaemonPodTolerations."""
+    plugin = efa_plugin(efa_plugin_tolerations(), host_network=host_network)
+    result = readiness(plugin, gpu_node("a", taints=(taint,)), gpu_node("b"), plugin_pod("a"), plugin_pod("b"))
+    assert bool(result.blocker) is is_blocked, result.blocker
+
+
+def check_pod(**status: Any) -> str:
+    return json.dumps({**image_check_pod(settings()), "status": status})
+
+
+def terminated(exit_code: int, message: str) -> dict[str, Any]:
+    return {"containerStatuses": [{"name": "check", "state": {"terminated": {
+        "exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error", "message": message}}}]}
+
+
+def test_the_check_pod_writes_its_ray_version_where_its_status_carries_it() -> None:
+    container = image_check_pod(settings())["spec"]["containers"][0]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert container["terminationMessagePath"] in container["command"][-1]
+    ready = image_check_readiness(check_pod(phase="Succeeded", **terminated(0, "2.58.0")), settings=settings())
+    assert ready.is_ready and ready.summary == "the image carries Ray 2.58.0"
+    other = image_check_readiness(check_pod(phase="Succeeded", **terminated(0, "2.54.0")), settings=settings())
+    assert "has Ray 2.54.0, but kubernetes.ray_version is 2.58.0" in other.blocker
+
+
+def test_a_check_that_exits_non_zero_is_a_blocker_with_its_message() -> None:
+    log = "Traceback (most recent call last):\nModuleNotFoundError: No module named 'ray'\n"
+    failed = image_check_readiness(check_pod(phase="Failed", **terminated(1, log)), settings=settings())
+    assert "exit 1 (Error)" in failed.blocker and "No module named 'ray'" in failed.blocker
+
+
+@pytest.mark.parametrize("reason", ["ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
+                                    "ImageInspectError", "RegistryUnavailable", "SignatureValidationFailed"])
+def test_every_pull_failure_the_kubelet_reports_is_a_blocker_with_its_message(reason: str) -> None:
+    waiting = {"containerStatuses": [{"name": "check", "state": {"waiting": {"reason": reason, "message": "why"}}}]}
+    result = image_check_readiness(check_pod(phase="Pending", **waiting), settings=settings())
+    assert f"cannot be pulled: {reason}: why" in result.blocker
+
+
+def test_a_check_pod_still_pulling_is_waited_for() -> None:
+    waiting = {"containerStatuses": [{"name": "check", "state": {"waiting": {"reason": "ContainerCreating"}}}]}
+    result = image_check_readiness(check_pod(phase="Pending", **waiting), settings=settings())
+    assert not result.is_ready and result.blocker == "" and result.summary == "ContainerCreating"
+    assert image_check_readiness(check_pod(phase="Pending"), settings=settings()).summary == "Pending"
