@@ -30,9 +30,17 @@ GPU_TAINT = {"key": GPU_RESOURCE, "value": "true", "effect": "NoSchedule"}
 # the runtime's small default; capabilities such as IPC_LOCK are not effective for the Ray images' non-root
 # user. NIXL pins the KV buffer (GiBs) and libfabric its own buffers: the GPU nodes raise memlock for every
 # container through nodeadm's NodeConfig (spec.containerd.baseRuntimeSpec, merged over the default spec;
-# lists replace, so NOFILE is repeated at the AMI's values). nodeadm merges the spec through float64, where
-# RLIM_INFINITY (2^64-1) would round past uint64: 2^63-1 bytes is "unlimited" for any buffer.
-MEMLOCK_BYTES = 2**63 - 1
+# lists replace, so NOFILE is repeated at the AMI's values).
+# The number travels: nodeadm merges the spec by decoding JSON into map[string]interface{}, so every
+# number becomes a float64 (amazon-eks-ami nodeadm/internal/containerd/base_runtime_spec.go,
+# nodeadm/internal/util/merge.go), and writes it back with Go's encoding/json (encode.go floatEncoder:
+# strconv's shortest digits, 'f' format below 1e21, padded with zeros); containerd decodes that file into
+# the OCI spec, whose rlimits are uint64 (containerd pkg/oci/spec.go ReadSpec, runtime-spec specs-go/config.go
+# POSIXRlimit), and the kernel keeps them; CPython reads them back as a signed C long (Modules/resource.c
+# rlimit2py). 2^63-1 came back as 9223372036854776000, above 2^63, which CPython reads as negative; RLIM_INFINITY
+# (2^64-1) would come back above 2^64 and fail containerd's uint64 decoding. 2^53 bytes (8 PiB) is an integer float64 holds exactly, which Go writes back digit for
+# digit, positive as a signed 64-bit value, and "unlimited" for any buffer a host can pin.
+MEMLOCK_BYTES = 2**53
 NOFILE_LIMITS = {"soft": 65536, "hard": 1048576}
 
 
