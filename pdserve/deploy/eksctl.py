@@ -93,11 +93,8 @@ def cluster_config(settings: Settings, zones: Zones) -> dict[str, Any]:
     for the Ray head, and an EFA GPU node group labelled for the engine pools. Raises ConfigError
     when the two pools ask for different values of one node label."""
     eks = settings.eks
-    asking = [role.value for role in Role if settings.pool(role).placement.efa_devices]
-    if asking and not eks.efa:
-        raise ConfigError(f"{asking[0]}.placement.efa_devices asks for EFA but eks.efa is false: the GPU node group "
-                          "would offer none and the engine pods would never be scheduled")
-    _check_room_for_upgrades(settings)
+    check_efa_node_group(settings)
+    check_room_for_upgrades(settings)
     return {
         "apiVersion": "eksctl.io/v1alpha5",
         "kind": "ClusterConfig",
@@ -105,9 +102,7 @@ def cluster_config(settings: Settings, zones: Zones) -> dict[str, Any]:
         "availabilityZones": list(zones.cluster),
         "managedNodeGroups": [
             {"name": SYSTEM_NODE_GROUP, "instanceType": eks.system_instance_type, **_size(eks.system_nodes),
-             "availabilityZones": list(zones.system), "labels": _labels_to_set(
-                 settings.kubernetes.head_node_labels, instance_type=eks.system_instance_type,
-                 field="kubernetes.head_node_labels")},
+             "availabilityZones": list(zones.system), "labels": head_node_labels(settings)},
             {"name": GPU_NODE_GROUP, "instanceType": eks.gpu_instance_type, **_size(eks.gpu_nodes),
              "availabilityZones": [zones.gpu], "labels": gpu_node_labels(settings), "taints": [GPU_TAINT],
              "volumeSize": eks.gpu_volume_gib, "efaEnabled": eks.efa,
@@ -117,8 +112,17 @@ def cluster_config(settings: Settings, zones: Zones) -> dict[str, Any]:
     }
 
 
-def _check_room_for_upgrades(settings: Settings) -> None:
-    """KubeRay's NewCluster upgrade runs a second set of engine pods beside the first, one per GPU node."""
+def check_efa_node_group(settings: Settings) -> None:
+    """Raises ConfigError when a pool asks for EFA devices the GPU node group would not offer."""
+    asking = [role.value for role in Role if settings.pool(role).placement.efa_devices]
+    if asking and not settings.eks.efa:
+        raise ConfigError(f"{asking[0]}.placement.efa_devices asks for EFA but eks.efa is false: the GPU node group "
+                          "would offer none and the engine pods would never be scheduled")
+
+
+def check_room_for_upgrades(settings: Settings) -> None:
+    """KubeRay's NewCluster upgrade runs a second set of engine pods beside the first, one per GPU node:
+    raises ConfigError when the GPU node group has no room for them."""
     gpu_pods = sum(settings.pool(role).engines for role in Role if settings.pool(role).device == "cuda")
     if settings.kubernetes.upgrade == "new_cluster" and settings.eks.gpu_nodes < 2 * gpu_pods:
         raise ConfigError(f"kubernetes.upgrade: new_cluster starts {gpu_pods} more engine pods during an upgrade, "
@@ -153,6 +157,13 @@ def gpu_node_labels(settings: Settings) -> dict[str, str]:
                 raise ConfigError(f"prefill.placement.node_labels and decode.placement.node_labels set {key} to "
                                   f"{labels[key]!r} and {value!r}; one GPU node group carries one value per label")
     return _labels_to_set(labels, instance_type=settings.eks.gpu_instance_type, field="placement.node_labels")
+
+
+def head_node_labels(settings: Settings) -> dict[str, str]:
+    """The labels the system node group carries for the Ray head's nodeSelector. Raises ConfigError when
+    it selects another instance type than the group's."""
+    return _labels_to_set(settings.kubernetes.head_node_labels, instance_type=settings.eks.system_instance_type,
+                          field="kubernetes.head_node_labels")
 
 
 def _labels_to_set(selector: dict[str, str], *, instance_type: str, field: str) -> dict[str, str]:
