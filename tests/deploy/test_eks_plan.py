@@ -154,4 +154,9 @@ def test_the_gpu_nodes_lift_memlock_for_every_container_through_nodeadms_base_ru
     assert float(MEMLOCK_BYTES) == MEMLOCK_BYTES < 2**63  # nodeadm's float64 keeps it; signed, it stays positive
     assert rlimits["RLIMIT_NOFILE"] == {"type": "RLIMIT_NOFILE", "soft": 65536, "hard": 1048576}  # the AMI's own
     assert "overrideBootstrapCommand" not in system
-    assert config["metadata"]["version"] == "1.35"  # eksctl's default 1.34 is at the end of standard support
+
+
+def test_the_cluster_runs_kubernetes_1_35_by_default() -> None:
+    """eksctl's own default, 1.34, is at the end of its standard support; eksctl knows 1.35 (Version1_35)."""
+    settings = eks_settings()
+    assert cluster_config(settings, choose_zones(OFFERINGS, settings.eks))["metadata"]["version"] == "1.35"
