@@ -114,11 +114,12 @@ class _Rlimit(ctypes.Structure):
     _fields_ = [("rlim_cur", ctypes.c_uint64), ("rlim_max", ctypes.c_uint64)]
 
 
-def set_rlimit(which: int, soft: int, hard: int) -> None:
-    """setrlimit(2) with the uint64 values as runc passes them; Python's resource.setrlimit would refuse
-    values of 2^63 and more (Modules/resource.c py2rlimit: PyLong_AsLongLong)."""
-    if ctypes.CDLL(None, use_errno=True).setrlimit(which, ctypes.byref(_Rlimit(soft, hard))) != 0:
-        raise OSError(ctypes.get_errno(), f"setrlimit({which}, {soft}, {hard})")
+def set_rlimit(libc: ctypes.CDLL, which: int, limits: _Rlimit) -> None:
+    """setrlimit(2) with the uint64 values as runc passes them (Python's resource.setrlimit refuses values of
+    2^63 and more: Modules/resource.c py2rlimit, PyLong_AsLongLong). Runs in the forked child before exec,
+    so everything it uses is made before the fork."""
+    if libc.setrlimit(which, ctypes.byref(limits)) != 0:
+        raise OSError(ctypes.get_errno(), f"setrlimit({which})")
 
 
 def can_hold(which: int, hard: int) -> bool:
@@ -141,7 +142,7 @@ def memlock_read_in_child(soft: int, hard: int) -> int | None:
     assert can_hold(carrier, hard), "no rlimit on this host can hold the value"
     script = (f"import json, resource; resource.RLIMIT_MEMLOCK = {carrier}; "
               "from pdserve.engines.host_checks import read_memlock_limit; print(json.dumps(read_memlock_limit()))")
-    child = subprocess.run([sys.executable, "-c", script], preexec_fn=partial(set_rlimit, carrier, soft, hard),
+    child = subprocess.run([sys.executable, "-c", script], preexec_fn=partial(set_rlimit, ctypes.CDLL(None, use_errno=True), carrier, _Rlimit(soft, hard)),
                            cwd=REPO, capture_output=True, text=True, check=True, timeout=60)
     read: int | None = json.loads(child.stdout)
     return read
