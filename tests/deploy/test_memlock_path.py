@@ -142,8 +142,9 @@ def memlock_read_in_child(soft: int, hard: int) -> int | None:
     assert can_hold(carrier, hard), "no rlimit on this host can hold the value"
     script = (f"import json, resource; resource.RLIMIT_MEMLOCK = {carrier}; "
               "from pdserve.engines.host_checks import read_memlock_limit; print(json.dumps(read_memlock_limit()))")
-    child = subprocess.run([sys.executable, "-c", script], preexec_fn=partial(set_rlimit, ctypes.CDLL(None, use_errno=True), carrier, _Rlimit(soft, hard)),
-                           cwd=REPO, capture_output=True, text=True, check=True, timeout=60)
+    runc_sets_rlimits = partial(set_rlimit, ctypes.CDLL(None, use_errno=True), carrier, _Rlimit(soft, hard))
+    child = subprocess.run([sys.executable, "-c", script], preexec_fn=runc_sets_rlimits, cwd=REPO,
+                           capture_output=True, text=True, check=True, timeout=60)
     read: int | None = json.loads(child.stdout)
     return read
 
