@@ -37,9 +37,10 @@ GPU_TAINT = {"key": GPU_RESOURCE, "value": "true", "effect": "NoSchedule"}
 # strconv's shortest digits, 'f' format below 1e21, padded with zeros); containerd decodes that file into
 # the OCI spec, whose rlimits are uint64 (containerd pkg/oci/spec.go ReadSpec, runtime-spec specs-go/config.go
 # POSIXRlimit), and the kernel keeps them; CPython reads them back as a signed C long (Modules/resource.c
-# rlimit2py). 2^63-1 came back as 9223372036854776000, above 2^63, which CPython reads as negative; RLIM_INFINITY
-# (2^64-1) would come back above 2^64 and fail containerd's uint64 decoding. 2^53 bytes (8 PiB) is an integer float64 holds exactly, which Go writes back digit for
-# digit, positive as a signed 64-bit value, and "unlimited" for any buffer a host can pin.
+# rlimit2py). 2^63-1 came back as 9223372036854776000, above 2^63, which CPython reads as negative;
+# RLIM_INFINITY (2^64-1) would come back above 2^64 and fail containerd's uint64 decoding. 2^53 bytes (8 PiB)
+# is an integer float64 holds exactly, which Go writes back digit for digit, positive as a signed 64-bit
+# value, and "unlimited" for any buffer a host can pin (tests/deploy/test_memlock_path.py follows it).
 MEMLOCK_BYTES = 2**53
 NOFILE_LIMITS = {"soft": 65536, "hard": 1048576}
 
@@ -91,7 +92,8 @@ def unresolved_zones(eks: EksSpec) -> Zones:
 def cluster_config(settings: Settings, zones: Zones) -> dict[str, Any]:
     """The ClusterConfig ``eksctl create cluster|nodegroup -f -`` reads: a system node group labelled
     for the Ray head, and an EFA GPU node group labelled for the engine pools. Raises ConfigError
-    when the two pools ask for different values of one node label."""
+    when the node groups cannot serve the pools (check_efa_node_group, check_room_for_upgrades, and
+    the node labels of both groups)."""
     eks = settings.eks
     check_efa_node_group(settings)
     check_room_for_upgrades(settings)

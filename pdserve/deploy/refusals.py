@@ -22,10 +22,6 @@ from pdserve.errors import ConfigError
 Check = Callable[[Settings], object]  # raises ConfigError naming the field; what it returns is not used
 
 
-def _render_k8s(settings: Settings) -> object:
-    return render_manifests(settings)
-
-
 def _plan_cloud_up(settings: Settings) -> object:
     """The plan ``cloud up --dry-run`` prints, before the zones are looked up; no token is shown."""
     return plan_up(settings, zones=unresolved_zones(settings.eks), ray_token="")
@@ -33,7 +29,7 @@ def _plan_cloud_up(settings: Settings) -> object:
 
 # Each check is independent, so every refusal is reported; the renderers come last and repeat what the
 # checks said (dropped as duplicates), so a refusal they learn later is never passed by validate.
-KUBERNETES_CHECKS: tuple[Check, ...] = (check_gateway_port, check_gateway_replicas, is_efa_on, _render_k8s)
+KUBERNETES_CHECKS: tuple[Check, ...] = (check_gateway_port, check_gateway_replicas, is_efa_on, render_manifests)
 EKS_CHECKS: tuple[Check, ...] = (check_efa_node_group, check_room_for_upgrades, gpu_node_labels, head_node_labels,
                                  _plan_cloud_up)
 KUBERNETES_SECTIONS = frozenset({"kubernetes", "eks"})
