@@ -39,6 +39,7 @@ RUN if [ ! -e /opt/amazon/efa/lib/libfabric.so ]; then \
 COPY --chown=ray:users pyproject.toml setup.py README.md /home/ray/pdserve/
 COPY --chown=ray:users pdserve /home/ray/pdserve/pdserve
 COPY --chown=ray:users pdserve_vllm /home/ray/pdserve/pdserve_vllm
+COPY --chown=ray:users docker/check-shared-libs.sh /home/ray/pdserve/docker/check-shared-libs.sh
 
 # Every package the image already has keeps its version (vLLM, torch, Ray, NIXL): pip only adds
 # what pdserve needs and the image lacks, and fails loudly if pdserve needs another version.
@@ -50,3 +51,20 @@ RUN pip list --format=freeze > /tmp/image-packages.txt \
     && pdserve --help > /dev/null \
     && (python -c "import pdserve.pd._chunk_relay" 2>/dev/null \
         || echo "WARNING: pdserve's C chunk relay was not built (no C compiler?): the gateway relays every chunk in Python")
+
+# NIXL's wheels leave libfabric, hwloc, libcuda and the EFA and verbs libraries out (ai-dynamo/nixl
+# contrib/build-wheel.sh: auditwheel --exclude), and its LIBFABRIC plugin links libfabric, hwloc and numa
+# (src/utils/libfabric/meson.build; libnuma comes inside the wheel under a hashed name). libfabric is the
+# EFA installer's, in /opt/amazon/efa/lib, put on the loader's path here; hwloc comes from apt. The build
+# fails when `ldd` finds any library the CUDA 13 wheel's plugin needs missing, but the NVIDIA driver's
+# libcuda.so.1, which the node mounts when the container starts. The plugin checked is the one NIXL loads
+# ("Loading plugins from: <site-packages>/nixl_cu13/../.nixl_cu13.mesonpy.libs/plugins" in its debug log;
+# the wheel's second copy in nixl_cu13.libs/nixl is not loaded); no plugin found fails the build too.
+RUN sudo apt-get update \
+    && sudo apt-get install -y --no-install-recommends libhwloc15 \
+    && sudo rm -rf /var/lib/apt/lists/* \
+    && echo /opt/amazon/efa/lib | sudo tee /etc/ld.so.conf.d/000_efa.conf > /dev/null \
+    && sudo ldconfig \
+    && sh /home/ray/pdserve/docker/check-shared-libs.sh --at-run-time libcuda.so.1 \
+        $(find "$(python -c "print(__import__('sysconfig').get_paths()['purelib'])")" \
+            -path '*/.nixl_cu13.mesonpy.libs/plugins/libplugin_LIBFABRIC.so')

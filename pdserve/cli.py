@@ -224,7 +224,12 @@ def config_example() -> None:
 
 @config_app.command("validate")
 def config_validate(path: Annotated[Path, typer.Argument(help="The YAML file to check.")]) -> None:
-    """Check a configuration file; exit 2 and name every bad field if it is invalid."""
+    """Check a configuration file; exit 2 and name every bad field if it is invalid, and every refusal
+    `render k8s` (a file setting kubernetes or eks) or `cloud up` (a file setting eks) would make."""
+    from pdserve.deploy.refusals import check_cluster_config
+
     settings = _settings(path)
+    with exit_on_errors():
+        check_cluster_config(settings)
     engines = ", ".join(f"{spec.name} :{spec.port}" for spec in settings.engine_specs())
     _progress(f"{path}: valid ({engines or 'no engines'}; gateway :{settings.gateway.port})")

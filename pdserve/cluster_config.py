@@ -111,7 +111,9 @@ class EksSpec(FrozenSpec):
     region: str = Field("us-west-2", description="AWS region")
     availability_zone: str = Field("", description=(
         "zone of the GPU node group (EFA needs one zone); empty = first zone that offers gpu_instance_type"))
-    kubernetes_version: str = Field("1.34", description="EKS control plane version (eksctl's own default)")
+    # eksctl's own default is 1.34, at the end of its standard support; 1.35 is the newest it knows
+    # (pkg/apis/eksctl.io/v1alpha5/types.go Version1_35), accepted where EKS lists it (pkg/eks/versions_manager.go)
+    kubernetes_version: str = Field("1.35", description="EKS control plane version")
     system_instance_type: str = Field("m7i.xlarge", description="CPU-only system nodes (Ray head, KubeRay)")
     system_nodes: int = Field(1, ge=1)
     gpu_instance_type: str = Field("g6.8xlarge", description="GPU worker nodes (one engine each)")

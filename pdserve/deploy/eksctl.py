@@ -30,9 +30,18 @@ GPU_TAINT = {"key": GPU_RESOURCE, "value": "true", "effect": "NoSchedule"}
 # the runtime's small default; capabilities such as IPC_LOCK are not effective for the Ray images' non-root
 # user. NIXL pins the KV buffer (GiBs) and libfabric its own buffers: the GPU nodes raise memlock for every
 # container through nodeadm's NodeConfig (spec.containerd.baseRuntimeSpec, merged over the default spec;
-# lists replace, so NOFILE is repeated at the AMI's values). nodeadm merges the spec through float64, where
-# RLIM_INFINITY (2^64-1) would round past uint64: 2^63-1 bytes is "unlimited" for any buffer.
-MEMLOCK_BYTES = 2**63 - 1
+# lists replace, so NOFILE is repeated at the AMI's values).
+# The number travels: nodeadm merges the spec by decoding JSON into map[string]interface{}, so every
+# number becomes a float64 (amazon-eks-ami nodeadm/internal/containerd/base_runtime_spec.go,
+# nodeadm/internal/util/merge.go), and writes it back with Go's encoding/json (encode.go floatEncoder:
+# strconv's shortest digits, 'f' format below 1e21, padded with zeros); containerd decodes that file into
+# the OCI spec, whose rlimits are uint64 (containerd pkg/oci/spec.go ReadSpec, runtime-spec specs-go/config.go
+# POSIXRlimit), and the kernel keeps them; CPython reads them back as a signed C long (Modules/resource.c
+# rlimit2py). 2^63-1 came back as 9223372036854776000, above 2^63, which CPython reads as negative;
+# RLIM_INFINITY (2^64-1) would come back above 2^64 and fail containerd's uint64 decoding. 2^53 bytes (8 PiB)
+# is an integer float64 holds exactly, which Go writes back digit for digit, positive as a signed 64-bit
+# value, and "unlimited" for any buffer a host can pin (tests/deploy/test_memlock_path.py follows it).
+MEMLOCK_BYTES = 2**53
 NOFILE_LIMITS = {"soft": 65536, "hard": 1048576}
 
 
@@ -83,13 +92,11 @@ def unresolved_zones(eks: EksSpec) -> Zones:
 def cluster_config(settings: Settings, zones: Zones) -> dict[str, Any]:
     """The ClusterConfig ``eksctl create cluster|nodegroup -f -`` reads: a system node group labelled
     for the Ray head, and an EFA GPU node group labelled for the engine pools. Raises ConfigError
-    when the two pools ask for different values of one node label."""
+    when the node groups cannot serve the pools (check_efa_node_group, check_room_for_upgrades, and
+    the node labels of both groups)."""
     eks = settings.eks
-    asking = [role.value for role in Role if settings.pool(role).placement.efa_devices]
-    if asking and not eks.efa:
-        raise ConfigError(f"{asking[0]}.placement.efa_devices asks for EFA but eks.efa is false: the GPU node group "
-                          "would offer none and the engine pods would never be scheduled")
-    _check_room_for_upgrades(settings)
+    check_efa_node_group(settings)
+    check_room_for_upgrades(settings)
     return {
         "apiVersion": "eksctl.io/v1alpha5",
         "kind": "ClusterConfig",
@@ -97,9 +104,7 @@ def cluster_config(settings: Settings, zones: Zones) -> dict[str, Any]:
         "availabilityZones": list(zones.cluster),
         "managedNodeGroups": [
             {"name": SYSTEM_NODE_GROUP, "instanceType": eks.system_instance_type, **_size(eks.system_nodes),
-             "availabilityZones": list(zones.system), "labels": _labels_to_set(
-                 settings.kubernetes.head_node_labels, instance_type=eks.system_instance_type,
-                 field="kubernetes.head_node_labels")},
+             "availabilityZones": list(zones.system), "labels": head_node_labels(settings)},
             {"name": GPU_NODE_GROUP, "instanceType": eks.gpu_instance_type, **_size(eks.gpu_nodes),
              "availabilityZones": [zones.gpu], "labels": gpu_node_labels(settings), "taints": [GPU_TAINT],
              "volumeSize": eks.gpu_volume_gib, "efaEnabled": eks.efa,
@@ -109,8 +114,17 @@ def cluster_config(settings: Settings, zones: Zones) -> dict[str, Any]:
     }
 
 
-def _check_room_for_upgrades(settings: Settings) -> None:
-    """KubeRay's NewCluster upgrade runs a second set of engine pods beside the first, one per GPU node."""
+def check_efa_node_group(settings: Settings) -> None:
+    """Raises ConfigError when a pool asks for EFA devices the GPU node group would not offer."""
+    asking = [role.value for role in Role if settings.pool(role).placement.efa_devices]
+    if asking and not settings.eks.efa:
+        raise ConfigError(f"{asking[0]}.placement.efa_devices asks for EFA but eks.efa is false: the GPU node group "
+                          "would offer none and the engine pods would never be scheduled")
+
+
+def check_room_for_upgrades(settings: Settings) -> None:
+    """KubeRay's NewCluster upgrade runs a second set of engine pods beside the first, one per GPU node:
+    raises ConfigError when the GPU node group has no room for them."""
     gpu_pods = sum(settings.pool(role).engines for role in Role if settings.pool(role).device == "cuda")
     if settings.kubernetes.upgrade == "new_cluster" and settings.eks.gpu_nodes < 2 * gpu_pods:
         raise ConfigError(f"kubernetes.upgrade: new_cluster starts {gpu_pods} more engine pods during an upgrade, "
@@ -145,6 +159,13 @@ def gpu_node_labels(settings: Settings) -> dict[str, str]:
                 raise ConfigError(f"prefill.placement.node_labels and decode.placement.node_labels set {key} to "
                                   f"{labels[key]!r} and {value!r}; one GPU node group carries one value per label")
     return _labels_to_set(labels, instance_type=settings.eks.gpu_instance_type, field="placement.node_labels")
+
+
+def head_node_labels(settings: Settings) -> dict[str, str]:
+    """The labels the system node group carries for the Ray head's nodeSelector. Raises ConfigError when
+    it selects another instance type than the group's."""
+    return _labels_to_set(settings.kubernetes.head_node_labels, instance_type=settings.eks.system_instance_type,
+                          field="kubernetes.head_node_labels")
 
 
 def _labels_to_set(selector: dict[str, str], *, instance_type: str, field: str) -> dict[str, str]:

@@ -47,11 +47,9 @@ def kubernetes_settings(settings: Settings) -> Settings:
     Raises ConfigError if EFA is on one pool only, gateway.port is one of Ray's ports on the head,
     or several gateway replicas would sit behind KubeRay's head Service (``upgrade: new_cluster``).
     """
-    _check_gateway_port(settings)
-    if settings.gateway.replicas > 1 and settings.kubernetes.upgrade == "new_cluster":
-        raise ConfigError("gateway.replicas > 1 needs kubernetes.upgrade: recreate: with new_cluster, clients reach "
-                          "the gateway through KubeRay's head Service, which fronts the head pod only")
-    efa = _is_efa_on(settings)
+    check_gateway_port(settings)
+    check_gateway_replicas(settings)
+    efa = is_efa_on(settings)
     pools = {role.value: _placed_pool(settings, role) for role in Role}
     gateway_resources = settings.ray.gateway_resources or {
         HEAD_RESOURCE if settings.gateway.replicas == 1 else GATEWAY_RESOURCE: 1.0}
@@ -120,8 +118,9 @@ def gateway_service(settings: Settings) -> dict[str, Any]:
     }
 
 
-def _check_gateway_port(settings: Settings) -> None:
-    """The gateway replica binds its port on the Ray head, next to Ray's own servers."""
+def check_gateway_port(settings: Settings) -> None:
+    """The gateway replica binds its port on the Ray head, next to Ray's own servers: raises ConfigError
+    when gateway.port is one of theirs."""
     taken = {port: name for name, port in (RAY_HEAD_PORTS | RAY_HEAD_PRIVATE_PORTS).items()}
     port = settings.gateway.port
     if port in taken:
@@ -129,8 +128,16 @@ def _check_gateway_port(settings: Settings) -> None:
                           f"pick another, e.g. 9000 (Ray uses {sorted(taken)})")
 
 
-def _is_efa_on(settings: Settings) -> bool:
-    """Both pools or neither: KV moves from every prefill engine to every decode engine."""
+def check_gateway_replicas(settings: Settings) -> None:
+    """Several gateway replicas need their own Service: raises ConfigError for ``upgrade: new_cluster``."""
+    if settings.gateway.replicas > 1 and settings.kubernetes.upgrade == "new_cluster":
+        raise ConfigError("gateway.replicas > 1 needs kubernetes.upgrade: recreate: with new_cluster, clients reach "
+                          "the gateway through KubeRay's head Service, which fronts the head pod only")
+
+
+def is_efa_on(settings: Settings) -> bool:
+    """Both pools or neither: KV moves from every prefill engine to every decode engine. Raises
+    ConfigError when EFA is on one pool only."""
     with_efa = {role for role in Role if settings.pool(role).placement.efa_devices}
     if len(with_efa) == 1:
         (role,) = with_efa

@@ -22,6 +22,7 @@ PREFLIGHT_PREFIX = "pdserve preflight:"
 EFA_BIN_DIR = Path("/opt/amazon/efa/bin")  # where the EFA installer puts fi_info
 PROBE_TIMEOUT_S = 30.0
 MIB = 2**20
+RLIM_VALUES = 2**64  # an rlimit is a 64-bit unsigned number (rlim_t)
 VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization
 # Each libfabric efa endpoint registers (pins) its TX and RX packet pools, 8192 packets of 8320 bytes each
 # (libfabric prov/efa/src/rdm/efa_rdm_ep_fiops.c), and NIXL opens one endpoint per EFA device (rail).
@@ -33,9 +34,14 @@ MEMLOCK_FIX = ("the GPU nodes must run containers with RLIMIT_MEMLOCK unlimited:
 
 
 def read_memlock_limit() -> int | None:
-    """This process's soft RLIMIT_MEMLOCK in bytes, which the engine inherits; None when unlimited."""
+    """This process's soft RLIMIT_MEMLOCK in bytes, which the engine inherits; None when unlimited.
+
+    The kernel keeps rlimits unsigned (the OCI spec's are uint64), but CPython returns them as a signed
+    C long (Modules/resource.c rlimit2py): a limit of 2^63 or more reads negative, and RLIM_INFINITY
+    reads -1 (resource.RLIM_INFINITY). Read modulo 2^64, each is the unsigned value the kernel holds."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    return None if soft == resource.RLIM_INFINITY else soft
+    unsigned = soft % RLIM_VALUES
+    return None if unsigned == resource.RLIM_INFINITY % RLIM_VALUES else unsigned
 
 
 def format_bytes(size_bytes: float) -> str:

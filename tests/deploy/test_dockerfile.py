@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import itertools
 import re
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from pdserve.cluster_config import KubernetesSpec
 
@@ -141,3 +145,69 @@ def test_efa_tarball_is_verified_by_its_signature_before_it_is_unpacked() -> Non
     separators = [separator for separator, _ in steps(run)[verify + 1:installer + 1]]
     assert set(separators) == {"&&"}, "a failed verify must stop the build before the installer runs"
     assert not re.search(r"[^|]\|\s*tar\b", run), "piping the download into tar unpacks it unverified"
+
+
+CHECK_SCRIPT = REPO / "docker" / "check-shared-libs.sh"
+
+
+def plugin_step() -> str:
+    (run,) = [run for run in arguments("RUN") if "check-shared-libs.sh" in run]
+    return run
+
+
+def test_the_build_fails_unless_nixls_libfabric_plugin_finds_every_library_it_needs() -> None:
+    """NIXL's wheels leave libfabric and hwloc out (ai-dynamo/nixl contrib/build-wheel.sh); the plugin links both."""
+    run = plugin_step()
+    assert {separator for separator, _ in steps(run)[1:]} == {"&&"}, "a failed step must stop the build"
+    update, install = first_step(run, "apt-get update"), first_step(run, "apt-get install", "libhwloc15")
+    loader_path = first_step(run, "/opt/amazon/efa/lib", "/etc/ld.so.conf.d/")
+    check = first_step(run, "check-shared-libs.sh")
+    assert update < install < first_step(run, "rm -rf", "/var/lib/apt/lists/") < check
+    assert loader_path < first_step(run, "ldconfig") < check
+    command = steps(run)[check][1]
+    # the copy NIXL loads, of the image's CUDA 13 wheel ("Loading plugins from: ..." in NIXL's debug log)
+    assert "-path '*/.nixl_cu13.mesonpy.libs/plugins/libplugin_LIBFABRIC.so'" in command
+    assert re.findall(r"--at-run-time (\S+)", command) == ["libcuda.so.1"], "only the driver's, which the node mounts"
+    nixl_installed = [index for index, (_, rest) in enumerate(instructions()) if "nixl-cu13" in rest]
+    checked = [index for index, (_, rest) in enumerate(instructions()) if rest == run]
+    assert nixl_installed < checked
+    assert "docker/check-shared-libs.sh /home/ray/pdserve/docker/check-shared-libs.sh" in " ".join(arguments("COPY"))
+
+
+@pytest.fixture(scope="module")
+def linked_libraries(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """liba.so, which needs libb.so beside it (found through its $ORIGIN runpath), both built here with gcc."""
+    directory = tmp_path_factory.mktemp("libs")
+    (directory / "b.c").write_text("int b(void) { return 2; }\n")
+    (directory / "a.c").write_text("int b(void);\nint a(void) { return b() + 1; }\n")
+    compile_ = ["gcc", "-shared", "-fPIC", "-o"]
+    subprocess.run([*compile_, "libb.so", "b.c"], cwd=directory, check=True)
+    subprocess.run([*compile_, "liba.so", "a.c", "-L.", "-lb", "-Wl,-rpath,$ORIGIN"], cwd=directory, check=True)
+    return directory
+
+
+def check_libraries(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sh", str(CHECK_SCRIPT), *args], cwd=cwd, capture_output=True, text=True, timeout=60,
+                          check=False)
+
+
+def test_the_check_passes_a_library_whose_dependencies_are_all_there(linked_libraries: Path) -> None:
+    result = check_libraries("liba.so", cwd=linked_libraries)
+    assert result.returncode == 0 and "liba.so: every shared library it needs is here" in result.stdout
+
+
+def test_the_check_fails_naming_the_library_that_is_gone(linked_libraries: Path, tmp_path: Path) -> None:
+    for name in ("liba.so", "libb.so"):
+        shutil.copy(linked_libraries / name, tmp_path / name)
+    (tmp_path / "libb.so").unlink()
+    result = check_libraries("liba.so", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "liba.so needs shared libraries this image lacks:\n  libb.so => not found" in result.stderr
+    mounted = check_libraries("--at-run-time", "libb.so", "liba.so", cwd=tmp_path)
+    assert mounted.returncode == 0 and "but libb.so, which the node mounts" in mounted.stdout
+
+
+def test_the_check_fails_when_it_finds_nothing_to_check(tmp_path: Path) -> None:
+    """The Dockerfile's find gives no file when a new wheel moves the plugin: that must not pass."""
+    assert check_libraries("--at-run-time", "libcuda.so.1", cwd=tmp_path).returncode == 2
+    assert check_libraries("gone.so", cwd=tmp_path).returncode == 1

@@ -13,7 +13,7 @@ import yaml
 
 from pdserve.config import Settings, load_settings, parse_settings
 from pdserve.deploy.eks import plan_down, plan_up
-from pdserve.deploy.eksctl import GPU_NODE_GROUP, SYSTEM_NODE_GROUP, choose_zones, cluster_config
+from pdserve.deploy.eksctl import GPU_NODE_GROUP, MEMLOCK_BYTES, SYSTEM_NODE_GROUP, choose_zones, cluster_config
 from pdserve.deploy.k8s import render_manifests
 from pdserve.deploy.pod_diagnosis import rayservice_readiness
 from pdserve.deploy.runner import run_plan
@@ -153,8 +153,13 @@ def test_the_gpu_nodes_lift_memlock_for_every_container_through_nodeadms_base_ru
     assert (gpu["amiFamily"], node_config["apiVersion"], node_config["kind"]) == (
         "AmazonLinux2023", "node.eks.aws/v1alpha1", "NodeConfig")
     rlimits = {limit["type"]: limit for limit in node_config["spec"]["containerd"]["baseRuntimeSpec"]["process"]["rlimits"]}
-    assert rlimits["RLIMIT_MEMLOCK"]["soft"] == rlimits["RLIMIT_MEMLOCK"]["hard"] == 2**63 - 1
-    assert float(rlimits["RLIMIT_MEMLOCK"]["hard"]) < 2**64  # survives nodeadm's float64 merge as a uint64
+    assert rlimits["RLIMIT_MEMLOCK"]["soft"] == rlimits["RLIMIT_MEMLOCK"]["hard"] == MEMLOCK_BYTES
+    assert float(MEMLOCK_BYTES) == MEMLOCK_BYTES < 2**63  # nodeadm's float64 keeps it; signed, it stays positive
     assert rlimits["RLIMIT_NOFILE"] == {"type": "RLIMIT_NOFILE", "soft": 65536, "hard": 1048576}  # the AMI's own
     assert "overrideBootstrapCommand" not in system
-    assert config["metadata"]["version"] == "1.34"  # eksctl's default; 1.31 is past standard support
+
+
+def test_the_cluster_runs_kubernetes_1_35_by_default() -> None:
+    """eksctl's own default, 1.34, is at the end of its standard support; eksctl knows 1.35 (Version1_35)."""
+    settings = eks_settings()
+    assert cluster_config(settings, choose_zones(OFFERINGS, settings.eks))["metadata"]["version"] == "1.35"
