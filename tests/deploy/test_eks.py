@@ -31,13 +31,15 @@ gateway: {port: 9000}
 kubernetes: {name: pdserve, namespace: serving}
 eks: {cluster_name: demo, region: us-west-2, gpu_nodes: 2, ready_timeout_s: 5}
 """
+PREFLIGHT_STEPS = ["aws-identity", "instance-types", "quota-L-DB2E81BA", "quota-L-1216C47A", "zones"]
 UP_STEPS = ["cluster", "system-nodes", "gpu-nodes", "kubeconfig", "efa-device-plugin", "gpu-nodes-ready",
             "image-ray-version", "helm-repo", "kuberay-operator", "namespace", "ray-token", "replace-pods", "manifests",
             "pod-monitor", "serving"]
 DOWN_STEPS = ["kubeconfig", "pod-monitor", "manifests", "ray-token", "kuberay-operator", "cluster", "kube-context"]
 # the commands `up` runs (checks left out), by their leading words without --context
 UP_COMMANDS = [
-    "aws ec2 describe-instance-type-offerings", "eksctl create cluster", "eksctl create nodegroup -f - --include system",
+    "aws sts get-caller-identity", "aws ec2 describe-instance-types", "aws service-quotas get-service-quota",
+    "aws service-quotas get-service-quota", "aws ec2 describe-instance-type-offerings", "eksctl create cluster", "eksctl create nodegroup -f - --include system",
     "eksctl create nodegroup -f - --include gpu", "aws eks update-kubeconfig",
     "kubectl patch --namespace kube-system daemonset aws-efa-k8s-device-plugin --type merge",
     "kubectl get nodes,daemonsets,pods --namespace kube-system", "kubectl run pdserve-image-check", "helm repo add",
@@ -118,7 +120,7 @@ def step_lines(output: str) -> dict[str, list[str]]:
 def test_up_dry_run_prints_every_command_and_manifest_in_order_and_calls_no_tool(standins: Standins) -> None:
     result = cloud(standins, "up", "--dry-run")
     assert result.exit_code == 0, result.output
-    assert list(step_lines(result.output)) == UP_STEPS
+    assert list(step_lines(result.output)) == PREFLIGHT_STEPS + UP_STEPS
     assert re.findall(r"^\[ *(\d+)/15\]", result.output, flags=re.MULTILINE) == [str(n) for n in range(1, 16)]
     assert "aws ec2 describe-instance-type-offerings" in result.output
     for content in ("kind: ClusterConfig", "efaEnabled: true", "kind: RayService", "kind: Service",
@@ -155,7 +157,9 @@ def test_up_runs_the_tools_in_order_and_says_how_to_reach_the_app(standins: Stan
     for command, expected in zip(commands, UP_COMMANDS, strict=True):
         assert command.startswith(expected), (command, expected)
     cluster_config = next(call["stdin"] for call in standins.calls() if call["words"][:2] == ["create", "cluster"])
-    assert "- us-west-2b\n" in cluster_config and "us-west-2d" not in cluster_config  # first zone offering g6
+    # subnets in both zones offering g6 (the GPU group may move), the group in the first
+    assert "availabilityZones:\n- us-west-2b\n- us-west-2d\n" in cluster_config
+    assert "  availabilityZones:\n  - us-west-2b\n  labels" in cluster_config
     assert "skipped (nothing to do)" in step_lines(result.output)["pod-monitor"][0]  # no Prometheus Operator
     assert "port-forward svc/pdserve-gateway --namespace serving 9000:openai" in result.output
 
