@@ -179,7 +179,8 @@ def _execute_with_fallback(step: Step, fallback: Fallback, *, label: str, progre
         failure = _failure(f"step {step.name} ({where})", step.argv, returncode, stderr or stdout)
         cause = fallback.cause("\n".join([stdout, stderr, *(_output_of(argv) for argv in fallback.explain)]))
         if not cause:
-            raise DeployError(failure)
+            before = "".join(f"\n  (before: {line})" for line in causes)
+            raise DeployError(failure + before)
         causes.append(f"{where}: {cause}")
         progress(f"{label} {where}: {cause}; removing the failed try: {shlex.join(fallback.undo)}")
         _execute(Step(f"{step.name}-undo", fallback.undo), label=label, progress=progress)
