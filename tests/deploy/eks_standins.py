@@ -510,6 +510,7 @@ QUOTA_NAMES = {"L-DB2E81BA": "Running On-Demand G and VT instances", "L-417A185B
                "L-1216C47A": "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances"}
 DEFAULT_QUOTAS = {"L-DB2E81BA": 64.0, "L-417A185B": 0.0, "L-1216C47A": 32.0}
 ACCOUNT = "123456789012"
+REGIONS = ("us-east-1", "us-east-2", "us-west-1", "us-west-2", "eu-west-1", "eu-central-1", "ap-northeast-1")
 
 
 def _service_error(code: str, operation: str, message: str) -> int:
@@ -520,8 +521,13 @@ def _service_error(code: str, operation: str, message: str) -> int:
 
 
 def _caller_identity(words: list[str], state: dict[str, Any]) -> int:
-    """sts get-caller-identity (STS API GetCallerIdentity: UserId, Account, Arn). Without credentials botocore
-    raises NoCredentialsError before any request, which the CLI prints with its hint and exit code 253."""
+    """sts get-caller-identity (STS API GetCallerIdentity: UserId, Account, Arn), from the region's STS endpoint
+    (the AWS CLI v2 default). Without credentials botocore raises NoCredentialsError before any request, which
+    the CLI prints with its hint and exit code 253."""
+    region = _flag(words, "--region")
+    if region not in REGIONS:  # no such endpoint: botocore's EndpointConnectionError, the CLI's exit code 255
+        print(f'\nCould not connect to the endpoint URL: "https://sts.{region}.amazonaws.com/"', file=sys.stderr)
+        return 255
     if os.environ.get("STANDIN_AWS_CREDENTIALS") == "none":
         print('\nUnable to locate credentials. You can configure credentials by running "aws configure".',
               file=sys.stderr)

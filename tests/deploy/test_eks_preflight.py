@@ -70,6 +70,15 @@ def test_missing_credentials_stop_up_at_the_first_check_with_how_to_give_them(
     assert standins.commands() == ["aws sts get-caller-identity --region us-west-2 --output json"]
 
 
+def test_a_region_that_does_not_exist_stops_up_at_the_first_check(standins: Standins) -> None:
+    standins.config.write_text(CONFIG.replace("region: us-west-2", "region: us-wst-2"))
+    result = stopped_up(standins)
+    assert "step aws-identity failed (exit 255)" in result.stderr
+    assert 'Could not connect to the endpoint URL: "https://sts.us-wst-2.amazonaws.com/"' in result.stderr
+    assert "set eks.region to a region the account has enabled" in result.stderr
+    assert not created_anything(standins)
+
+
 def test_a_gpu_quota_below_the_nodes_vcpus_stops_up_before_the_cluster_with_the_request_to_make(
     standins: Standins, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
