@@ -32,6 +32,9 @@ def cloud_up(settings: Settings, *, is_dry_run: bool, progress: Progress) -> Non
     require_tools(TOOL_SOURCES)
     progress("preflight: read-only checks before anything is created")
     outputs = run_plan(preflight_steps(settings), progress=progress)
+    note = image_note(settings)
+    if note:
+        progress(note)
     zones = _zones(settings, outputs[ZONES_STEP], progress=progress)
     # a fresh token each time; the plan stores it only if the cluster has none yet
     run_plan(plan_up(settings, zones=zones, ray_token=secrets.token_urlsafe(RAY_TOKEN_BYTES)), progress=progress)
@@ -55,9 +58,8 @@ def _print_up(settings: Settings, *, refusal: str, progress: Progress) -> None:
         progress(f"warning: `up` without --dry-run would stop here, before its first check: {refusal}")
     progress("preflight: read-only checks before anything is created; `up` stops at the first that fails")
     print_plan(preflight_steps(settings), progress=progress)
-    note = image_note(settings)
-    if note:
-        progress(note)
+    if image_note(settings):
+        progress(image_note(settings))
     progress(f"then the plan, in the zones the {ZONES_STEP} check finds:")
     print_plan(plan_up(settings, zones=unresolved_zones(settings.eks), ray_token="unused"), progress=progress)
     if refusal:
