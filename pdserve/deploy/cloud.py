@@ -58,8 +58,9 @@ def _print_up(settings: Settings, *, refusal: str, progress: Progress) -> None:
         progress(f"warning: `up` without --dry-run would stop here, before its first check: {refusal}")
     progress("preflight: read-only checks before anything is created; `up` stops at the first that fails")
     print_plan(preflight_steps(settings), progress=progress)
-    if image_note(settings):
-        progress(image_note(settings))
+    note = image_note(settings)
+    if note:
+        progress(note)
     progress(f"then the plan, in the zones the {ZONES_STEP} check finds:")
     print_plan(plan_up(settings, zones=unresolved_zones(settings.eks), ray_token="unused"), progress=progress)
     if refusal:
