@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from pdserve.role import Role
 from pdserve.spec_base import FrozenSpec
@@ -109,8 +109,10 @@ class EksSpec(FrozenSpec):
 
     cluster_name: str = Field("pdserve", description="eksctl cluster name")
     region: str = Field("us-west-2", description="AWS region")
-    availability_zone: str = Field("", description=(
-        "zone of the GPU node group (EFA needs one zone); empty = first zone that offers gpu_instance_type"))
+    availability_zones: list[str] = Field(default_factory=list, description=(
+        "zones the GPU node group may use, in order (EFA needs all its nodes in one): `cloud up` creates it in "
+        "the first and moves to the next when EC2 has no capacity there (InsufficientInstanceCapacity); empty = "
+        "every zone of the region that offers gpu_instance_type, sorted"))
     # eksctl's own default is 1.34, at the end of its standard support; 1.35 is the newest it knows
     # (pkg/apis/eksctl.io/v1alpha5/types.go Version1_35), accepted where EKS lists it (pkg/eks/versions_manager.go)
     kubernetes_version: str = Field("1.35", description="EKS control plane version")
@@ -124,3 +126,10 @@ class EksSpec(FrozenSpec):
     gpu_volume_gib: int = Field(200, ge=20, description="root disk per GPU node: the image and the weights")
     ready_timeout_s: float = Field(3600.0, gt=0, description=(
         "`cloud up` waits this long for the app to serve: image pulls and weight downloads"))
+
+    @field_validator("availability_zones")
+    @classmethod
+    def _zones_once(cls, zones: list[str]) -> list[str]:
+        if len(set(zones)) < len(zones):
+            raise ValueError("names a zone more than once")
+        return zones

@@ -1,34 +1,43 @@
-"""``pdserve cloud up`` and ``cloud down``: find the zones, build the plan, run it (or print it).
+"""``pdserve cloud up`` and ``cloud down``: the preflight, then the plan; run them (or print them).
 
-The zone lookup is the one call made before the plan exists, because the ClusterConfig in the
-plan names the zones; a dry run shows the lookup's command and placeholders instead.
+The preflight's read-only checks run first: a problem found there costs seconds, not a half-made cluster.
+Its zone lookup also feeds the plan, because the ClusterConfig names the zones; a dry run shows the
+lookup's command, and placeholders in the plan.
 """
 
 from __future__ import annotations
 
 import secrets
-import shlex
 
 from pdserve.config import Settings
+from pdserve.deploy.aws_preflight import ZONES_STEP, image_note, image_refusal, preflight_steps
 from pdserve.deploy.eks import plan_down, plan_up, reach_lines
-from pdserve.deploy.eksctl import Zones, choose_zones, unresolved_zones, zone_query
-from pdserve.deploy.runner import TOOL_SOURCES, Progress, capture, print_plan, require_tools, run_plan
+from pdserve.deploy.eksctl import Zones, choose_zones, unresolved_zones
+from pdserve.deploy.runner import TOOL_SOURCES, Progress, print_plan, require_tools, run_plan
+from pdserve.errors import DeployError
 
 RAY_TOKEN_BYTES = 32
 
 
 def cloud_up(settings: Settings, *, is_dry_run: bool, progress: Progress) -> None:
-    """Bring the cluster and the app up, step by step, and say how to reach it; a re-run skips what
-    is done. Raises DeployError (a tool missing, a step failing) or ConfigError."""
-    if not is_dry_run:
-        require_tools(TOOL_SOURCES)
-    zones = _find_zones(settings, is_dry_run=is_dry_run, progress=progress)
-    # a fresh token each time; the plan stores it only if the cluster has none yet
-    steps = plan_up(settings, zones=zones, ray_token=secrets.token_urlsafe(RAY_TOKEN_BYTES))
+    """Check, then bring the cluster and the app up, step by step, and say how to reach it; a re-run skips
+    what is done. Raises DeployError (a refused image, a failed check, a tool missing, a step failing) or
+    ConfigError."""
+    refusal = image_refusal(settings)
     if is_dry_run:
-        print_plan(steps, progress=progress)
+        _print_up(settings, refusal=refusal, progress=progress)
         return
-    run_plan(steps, progress=progress)
+    if refusal:
+        raise DeployError(f"nothing was created: {refusal}")
+    require_tools(TOOL_SOURCES)
+    progress("preflight: read-only checks before anything is created")
+    outputs = run_plan(preflight_steps(settings), progress=progress)
+    note = image_note(settings)
+    if note:
+        progress(note)
+    zones = _zones(settings, outputs[ZONES_STEP], progress=progress)
+    # a fresh token each time; the plan stores it only if the cluster has none yet
+    run_plan(plan_up(settings, zones=zones, ray_token=secrets.token_urlsafe(RAY_TOKEN_BYTES)), progress=progress)
     for line in reach_lines(settings):
         progress(line)
 
@@ -43,11 +52,24 @@ def cloud_down(settings: Settings, *, is_dry_run: bool, progress: Progress) -> N
     progress(f"cluster {settings.eks.cluster_name} ({settings.eks.region}) and everything on it removed")
 
 
-def _find_zones(settings: Settings, *, is_dry_run: bool, progress: Progress) -> Zones:
-    query = zone_query(settings.eks)
-    if is_dry_run:
-        progress(f"zones: looked up first with: {shlex.join(query)}")
-        return unresolved_zones(settings.eks)
-    zones = choose_zones(capture(query, what="zone lookup"), settings.eks)
-    progress(f"zones: GPU nodes in {zones.gpu}; cluster in {', '.join(zones.cluster)}")
+def _print_up(settings: Settings, *, refusal: str, progress: Progress) -> None:
+    """The whole of ``up``, preflight first; a refused image is said where ``up`` would stop."""
+    if refusal:
+        progress(f"warning: `up` without --dry-run would stop here, before its first check: {refusal}")
+    progress("preflight: read-only checks before anything is created; `up` stops at the first that fails")
+    print_plan(preflight_steps(settings), progress=progress)
+    note = image_note(settings)
+    if note:
+        progress(note)
+    progress(f"then the plan, in the zones the {ZONES_STEP} check finds:")
+    print_plan(plan_up(settings, zones=unresolved_zones(settings.eks), ray_token="unused"), progress=progress)
+    if refusal:
+        progress("warning: `up` without --dry-run would stop before its first check (see the top): a placeholder "
+                 "in kubernetes.image")
+
+
+def _zones(settings: Settings, offerings_json: str, *, progress: Progress) -> Zones:
+    zones = choose_zones(offerings_json, settings.eks)
+    later = f" (then {', '.join(zones.gpu[1:])}, if EC2 has no capacity there)" if len(zones.gpu) > 1 else ""
+    progress(f"zones: GPU nodes in {zones.gpu[0]}{later}; cluster in {', '.join(zones.cluster)}")
     return zones

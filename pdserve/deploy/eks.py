@@ -8,10 +8,21 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from functools import partial
 
 from pdserve.config import Settings
-from pdserve.deploy.eksctl import GPU_NODE_GROUP, GPU_TAINT, SYSTEM_NODE_GROUP, Zones, cluster_config, node_group_state
+from pdserve.deploy.eksctl import (
+    GPU_NODE_GROUP,
+    GPU_TAINT,
+    INSUFFICIENT_CAPACITY,
+    SYSTEM_NODE_GROUP,
+    Zones,
+    capacity_cause,
+    cluster_config,
+    node_group_failure_reads,
+    node_group_state,
+)
 from pdserve.deploy.k8s import render_manifests, render_yaml, to_yaml
 from pdserve.deploy.k8s_names import (
     GATEWAY_PORT_NAME,
@@ -33,7 +44,7 @@ from pdserve.deploy.preflight import (
     image_check_readiness,
 )
 from pdserve.deploy.rayservice import PODS_HASH_ANNOTATION
-from pdserve.deploy.steps import Poll, Readiness, Step
+from pdserve.deploy.steps import Fallback, Poll, Readiness, Step
 
 KUBERAY_CHART_REPO = "https://ray-project.github.io/kuberay-helm/"
 KUBERAY_RELEASE = "kuberay-operator"
@@ -68,9 +79,8 @@ def plan_up(settings: Settings, *, zones: Zones, ray_token: str) -> list[Step]:
     """Cluster, node groups, kubeconfig, the preflight (GPU nodes, image), KubeRay, namespace, Ray token,
     manifests, then a wait until the Serve app runs. ``ray_token`` is used only if the Secret does not exist
     yet, and never shown. Raises ConfigError (from the ClusterConfig) when the pools' node labels conflict."""
-    cluster_yaml = to_yaml(cluster_config(settings, zones))
     return [
-        *_cluster_steps(settings, cluster_yaml),
+        *_cluster_steps(settings, zones),
         *_preflight_steps(settings),
         *_operator_steps(settings),
         *_app_steps(settings, ray_token=ray_token),
@@ -105,23 +115,49 @@ def plan_down(settings: Settings) -> list[Step]:
     ]
 
 
-def _cluster_steps(settings: Settings, cluster_yaml: str) -> list[Step]:
+def _cluster_steps(settings: Settings, zones: Zones) -> list[Step]:
     """The control plane first, then each node group on its own, so an interrupted ``up`` resumes
     at the node group that is missing instead of skipping it with the cluster."""
     eks = settings.eks
     where = ("--region", eks.region)
+    cluster_yaml = to_yaml(cluster_config(settings, zones))
     create = ("eksctl", "create", "nodegroup", "-f", "-", "--include")
+    nodes = {group: Step(f"{group}-nodes", (*create, group), stdin=cluster_yaml,
+                         done_check=("eksctl", "get", "nodegroup", "--cluster", eks.cluster_name, *where, "--name", group,
+                                     "--output", "json"),
+                         done_when=partial(node_group_state, eks=eks, name=group))
+             for group in (SYSTEM_NODE_GROUP, GPU_NODE_GROUP)}
     return [
         Step("cluster", ("eksctl", "create", "cluster", "-f", "-", "--without-nodegroup"), stdin=cluster_yaml,
              done_check=("eksctl", "get", "cluster", "--name", eks.cluster_name, *where)),
-        *(Step(f"{group}-nodes", (*create, group), stdin=cluster_yaml,
-               done_check=("eksctl", "get", "nodegroup", "--cluster", eks.cluster_name, *where, "--name", group,
-                           "--output", "json"),
-               done_when=partial(node_group_state, eks=eks, name=group))
-          for group in (SYSTEM_NODE_GROUP, GPU_NODE_GROUP)),
+        nodes[SYSTEM_NODE_GROUP],
+        replace(nodes[GPU_NODE_GROUP], fallback=_zone_fallback(settings, zones)),
         Step("kubeconfig", kubeconfig_argv(settings)),
         *_efa_plugin_steps(settings),
     ]
+
+
+def _zone_fallback(settings: Settings, zones: Zones) -> Fallback:
+    """The GPU node group in each of its zones in turn, while EC2 has no capacity for it there. What a failed
+    try leaves (a CREATE_FAILED group, or a rolled-back stack of that name that a new create would trip on) is
+    removed with ``eksctl delete nodegroup``, as eksctl itself advises after a failed create."""
+    eks = settings.eks
+    tries = tuple((f"zone {zone}", to_yaml(cluster_config(settings, zones, gpu_zone=zone))) for zone in zones.gpu)
+    # eksctl gives an EFA managed node group a cluster placement group of its own (eksctl
+    # pkg/cfn/builder/managed_launch_template.go, NodeGroupPlacementGroup, strategy "cluster")
+    placement = (" EFA node groups sit in a cluster placement group (eksctl), which needs all of them on "
+                 "nearby hardware in one zone, so capacity is scarcer than for lone instances." if eks.efa else "")
+    return Fallback(
+        tries=tries,
+        explain=node_group_failure_reads(eks, name=GPU_NODE_GROUP),
+        cause=partial(capacity_cause, instance_type=eks.gpu_instance_type),
+        undo=("eksctl", "delete", "nodegroup", "--cluster", eks.cluster_name, "--region", eks.region,
+              "--name", GPU_NODE_GROUP, "--wait"),
+        about=f"{INSUFFICIENT_CAPACITY} (EC2 has no {eks.gpu_nodes} x {eks.gpu_instance_type} to spare in the zone)."
+              + placement,
+        fix=(f"List more zones in eks.availability_zones, try again later, ask AWS for capacity (an On-Demand "
+             f"Capacity Reservation of {eks.gpu_instance_type}), or pick another eks.gpu_instance_type or eks.region."),
+    )
 
 
 def _efa_plugin_steps(settings: Settings) -> list[Step]:

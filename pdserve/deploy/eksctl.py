@@ -47,10 +47,11 @@ NOFILE_LIMITS = {"soft": 65536, "hard": 1048576}
 
 @dataclass(frozen=True, slots=True)
 class Zones:
-    """Where the cluster goes: the GPU node group's one zone, and the zones of the control plane
-    (EKS wants subnets in two zones at least) and of the system node group."""
+    """Where the cluster goes: the zones the GPU node group may use, in the order ``cloud up`` tries them (one
+    at a time: EFA traffic does not cross zones), and the zones of the control plane (a subnet in every GPU
+    zone, and two zones at least, as EKS wants) and of the system node group."""
 
-    gpu: str
+    gpu: tuple[str, ...]
     cluster: tuple[str, ...]
     system: tuple[str, ...]
 
@@ -63,37 +64,43 @@ def zone_query(eks: EksSpec) -> tuple[str, ...]:
 
 
 def choose_zones(offerings_json: str, eks: EksSpec) -> Zones:
-    """Zones from ``zone_query``'s output: the configured GPU zone, or else the first (sorted) that
-    offers the GPU type, plus another zone offering the system type. Raises DeployError when the
-    region cannot host the cluster, naming the zones it does offer."""
+    """Zones from ``zone_query``'s output: the configured GPU zones, or else every zone (sorted) that offers
+    the GPU type, plus another zone offering the system type where they are fewer than two or none offers
+    it. eksctl makes the cluster's subnets in its ``availabilityZones`` only, and a node group can use only
+    those, so every zone the GPU group may move to is among them. Raises DeployError when the region cannot
+    host the cluster, naming the zones it does offer."""
     offered = _zones_by_type(offerings_json)
     gpu_zones = offered.get(eks.gpu_instance_type, [])
     system_zones = offered.get(eks.system_instance_type, [])
-    gpu = eks.availability_zone or (gpu_zones[0] if gpu_zones else "")
-    if gpu not in gpu_zones:
-        where = f"zone {gpu}" if gpu else f"region {eks.region}"
-        raise DeployError(f"{eks.gpu_instance_type} is not offered in {where} "
-                          f"(offered in: {', '.join(gpu_zones) or 'none'}); set eks.availability_zone or eks.region")
-    others = [zone for zone in system_zones if zone != gpu]
-    if not others:
-        raise DeployError(f"EKS needs a second zone in {eks.region} offering {eks.system_instance_type}; "
-                          f"offered in: {', '.join(system_zones) or 'none'}")
-    cluster = (gpu, others[0])
-    return Zones(gpu=gpu, cluster=cluster, system=tuple(zone for zone in cluster if zone in system_zones))
+    missing = [zone for zone in eks.availability_zones if zone not in gpu_zones]
+    if missing or not gpu_zones:
+        where = f"zone {', '.join(missing)}" if missing else f"region {eks.region}"
+        raise DeployError(f"{eks.gpu_instance_type} is not offered in {where} (offered in: {', '.join(gpu_zones) or 'none'}); "
+                          "set eks.availability_zones or eks.region")
+    gpu = tuple(eks.availability_zones or gpu_zones)
+    cluster = list(gpu)
+    if len(cluster) < 2 or not set(cluster) & set(system_zones):
+        others = [zone for zone in system_zones if zone not in cluster]
+        if not others:
+            raise DeployError(f"EKS needs a second zone in {eks.region} offering {eks.system_instance_type}; "
+                              f"offered in: {', '.join(system_zones) or 'none'}")
+        cluster.append(others[0])
+    return Zones(gpu=gpu, cluster=tuple(cluster), system=tuple(zone for zone in cluster if zone in system_zones))
 
 
 def unresolved_zones(eks: EksSpec) -> Zones:
     """Stand-ins a dry run shows where ``cloud up`` would put the zones ``zone_query`` returns."""
-    gpu = eks.availability_zone or f"<first zone offering {eks.gpu_instance_type}>"
-    other = f"<another zone offering {eks.system_instance_type}>"
-    return Zones(gpu=gpu, cluster=(gpu, other), system=(gpu, other))
+    offering = f"offering {eks.gpu_instance_type}"
+    gpu = tuple(eks.availability_zones) or (f"<first zone {offering}>", f"<each other zone {offering}, in turn>")
+    other = f"<a zone offering {eks.system_instance_type}, where needed>"
+    return Zones(gpu=gpu, cluster=(*gpu, other), system=(*gpu, other))
 
 
-def cluster_config(settings: Settings, zones: Zones) -> dict[str, Any]:
+def cluster_config(settings: Settings, zones: Zones, *, gpu_zone: str = "") -> dict[str, Any]:
     """The ClusterConfig ``eksctl create cluster|nodegroup -f -`` reads: a system node group labelled
-    for the Ray head, and an EFA GPU node group labelled for the engine pools. Raises ConfigError
-    when the node groups cannot serve the pools (check_efa_node_group, check_room_for_upgrades, and
-    the node labels of both groups)."""
+    for the Ray head, and an EFA GPU node group labelled for the engine pools, in ``gpu_zone`` (default:
+    the first GPU zone). Raises ConfigError when the node groups cannot serve the pools (check_efa_node_group,
+    check_room_for_upgrades, and the node labels of both groups)."""
     eks = settings.eks
     check_efa_node_group(settings)
     check_room_for_upgrades(settings)
@@ -106,7 +113,7 @@ def cluster_config(settings: Settings, zones: Zones) -> dict[str, Any]:
             {"name": SYSTEM_NODE_GROUP, "instanceType": eks.system_instance_type, **_size(eks.system_nodes),
              "availabilityZones": list(zones.system), "labels": head_node_labels(settings)},
             {"name": GPU_NODE_GROUP, "instanceType": eks.gpu_instance_type, **_size(eks.gpu_nodes),
-             "availabilityZones": [zones.gpu], "labels": gpu_node_labels(settings), "taints": [GPU_TAINT],
+             "availabilityZones": [gpu_zone or zones.gpu[0]], "labels": gpu_node_labels(settings), "taints": [GPU_TAINT],
              "volumeSize": eks.gpu_volume_gib, "efaEnabled": eks.efa,
              # an instance with EFA interfaces cannot take a public address: its nodes reach out via NAT
              "privateNetworking": eks.efa, **_memlock_bootstrap(eks)},
@@ -228,3 +235,32 @@ def node_group_state(output_json: str, *, eks: EksSpec, name: str) -> Readiness:
         f"describe-nodegroup --cluster-name {eks.cluster_name} --nodegroup-name {name} --region {eks.region} --query "
         f"nodegroup.health`, fix the cause (quota, capacity in the zone, subnets), remove it with `eksctl delete "
         f"nodegroup {where} --name {name} --wait`, then run `pdserve cloud up` again"))
+
+
+# EC2's error code when a zone has no instances of the type to spare. EKS passes it on in the node group's
+# health (issue code AsgInstanceLaunchFailures, "Could not launch On-Demand Instances.
+# InsufficientInstanceCapacity - We currently do not have sufficient ... capacity in the Availability Zone you
+# requested ...": aws/containers-roadmap#2204), and CloudFormation in the failed stack event's reason
+# ("Resource handler returned message: \"[Issue(Code=AsgInstanceLaunchFailures, Message=...)]\"").
+INSUFFICIENT_CAPACITY = "InsufficientInstanceCapacity"
+
+
+def capacity_cause(output: str, *, instance_type: str) -> str:
+    """'' unless ``output`` (eksctl's, and ``node_group_failure_reads``') says EC2 had no capacity."""
+    if INSUFFICIENT_CAPACITY not in output:
+        return ""
+    return f"EC2 has no {instance_type} to spare in that zone ({INSUFFICIENT_CAPACITY})"
+
+
+def node_group_failure_reads(eks: EksSpec, *, name: str) -> tuple[tuple[str, ...], ...]:
+    """Read-only commands that say why ``eksctl create nodegroup`` failed: eksctl prints only "failed to create
+    nodegroups" (eksctl pkg/actions/nodegroup/create.go). The node group's health, while it still exists; the
+    CREATE_FAILED events of its CloudFormation stack (eksctl pkg/cfn/manager/nodegroup.go names it
+    eksctl-CLUSTER-nodegroup-NAME), which stay after the stack has rolled back and removed the group."""
+    return (
+        ("aws", "eks", "describe-nodegroup", "--cluster-name", eks.cluster_name, "--nodegroup-name", name,
+         "--region", eks.region, "--query", "nodegroup.health", "--output", "json"),
+        ("aws", "cloudformation", "describe-stack-events", "--stack-name", f"eksctl-{eks.cluster_name}-nodegroup-{name}",
+         "--region", eks.region, "--query", "StackEvents[?ResourceStatus=='CREATE_FAILED'].ResourceStatusReason",
+         "--output", "json"),
+    )

@@ -11,8 +11,9 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 
-from pdserve.deploy.steps import Poll, Readiness, Step
+from pdserve.deploy.steps import Fallback, Poll, Readiness, Step
 from pdserve.errors import DeployError
 
 Progress = Callable[[str], None]
@@ -46,10 +47,12 @@ def require_tools(tools: Iterable[str]) -> None:
         raise DeployError(f"pdserve cloud needs these command-line tools:\n{missing}")
 
 
-def run_plan(steps: Sequence[Step], *, progress: Progress) -> None:
+def run_plan(steps: Sequence[Step], *, progress: Progress) -> dict[str, str]:
     """Run ``steps`` in order, skipping those whose checks say so. Raises DeployError at the first
-    failing step; the ones before it are done, so running the plan again resumes there."""
+    failing step; the ones before it are done, so running the plan again resumes there. Returns the
+    output of each step that ran a command once (not a wait), by step name."""
     require_tools(plan_tools(steps))
+    outputs: dict[str, str] = {}
     for index, step in enumerate(steps, start=1):
         label = _label(step, index=index, total=len(steps))
         if _is_done(step):
@@ -60,11 +63,17 @@ def run_plan(steps: Sequence[Step], *, progress: Progress) -> None:
             continue
         progress(f"{label} running: {shlex.join(step.argv)}")
         started_s = time.monotonic()
-        if step.poll is None:
-            _execute(step, label=label, progress=progress)
-        else:
+        if step.poll is not None:
             _wait_until_ready(step, step.poll, label=label, progress=progress)
+        elif step.fallback is not None:
+            outputs[step.name] = _execute_with_fallback(step, step.fallback, label=label, progress=progress)
+        else:
+            outputs[step.name] = _execute(step, label=label, progress=progress)
+        problem = step.check_outputs(outputs) if step.check_outputs and step.name in outputs else ""
+        if problem:
+            raise DeployError(f"step {step.name}: {problem}")
         progress(f"{label} done {time.monotonic() - started_s:.1f}s")
+    return outputs
 
 
 def print_plan(steps: Sequence[Step], *, progress: Progress) -> None:
@@ -81,6 +90,8 @@ def print_plan(steps: Sequence[Step], *, progress: Progress) -> None:
             progress(f"{indent}skipped when this succeeds{judged}: {shlex.join(step.done_check)}")
         if step.only_if:
             progress(f"{indent}run only if this succeeds: {shlex.join(step.only_if)}")
+        if step.fallback is not None:
+            _print_fallback(step.fallback, indent=indent, progress=progress)
         if step.poll is not None:
             progress(f"{indent}repeated every {step.poll.interval_s:.0f}s until ready, "
                      f"at most {step.poll.timeout_s:.0f}s")
@@ -139,7 +150,65 @@ def _succeeds(argv: Sequence[str]) -> bool:
     return result.returncode == 0
 
 
-def _execute(step: Step, *, label: str, progress: Progress) -> None:
+def _print_fallback(fallback: Fallback, *, indent: str, progress: Progress) -> None:
+    first, *others = [where for where, _ in fallback.tries]
+    progress(f"{indent}{first} first; if it fails for {fallback.about}")
+    progress(f"{indent}  read why: " + "; ".join(shlex.join(argv) for argv in fallback.explain))
+    progress(f"{indent}  remove the failed try: {shlex.join(fallback.undo)}")
+    progress(f"{indent}  then try " + (", then ".join(others) if others else "nothing else (no other place is listed)"))
+
+
+def _execute(step: Step, *, label: str, progress: Progress) -> str:
+    """Run the command, feeding ``stdin``; its stdout, or DeployError (with the step's fix) when it fails."""
+    returncode, stdout, stderr = _run(step, label=label, progress=progress)
+    if returncode != 0:
+        fix = f"\n{step.fix}" if step.fix else ""
+        raise DeployError(_failure(f"step {step.name}", step.argv, returncode, stderr) + fix)
+    return _checked(step, stdout)
+
+
+def _execute_with_fallback(step: Step, fallback: Fallback, *, label: str, progress: Progress) -> str:
+    """Each try in turn while the failure is the kind ``fallback`` moves on from; what a failed try left is
+    removed first, so the next starts clean and a re-run of the plan finds nothing half made."""
+    causes: list[str] = []
+    for number, (where, stdin) in enumerate(fallback.tries):
+        attempt = replace(step, stdin=stdin, fallback=None)
+        returncode, stdout, stderr = _run(attempt, label=label, progress=progress)
+        if returncode == 0:
+            return _checked(attempt, stdout)
+        failure = _failure(f"step {step.name} ({where})", step.argv, returncode, stderr or stdout)
+        cause = fallback.cause("\n".join([stdout, stderr, *(_output_of(argv) for argv in fallback.explain)]))
+        if not cause:
+            before = "".join(f"\n  (before: {line})" for line in causes)
+            raise DeployError(failure + before)
+        causes.append(f"{where}: {cause}")
+        progress(f"{label} {where}: {cause}; removing the failed try: {shlex.join(fallback.undo)}")
+        _execute(Step(f"{step.name}-undo", fallback.undo), label=label, progress=progress)
+        if number + 1 < len(fallback.tries):
+            progress(f"{label} trying {fallback.tries[number + 1][0]} instead")
+    raise DeployError(f"step {step.name} failed in every place it may use, for {fallback.about}:\n"
+                      + "\n".join(f"  {line}" for line in causes) + f"\n{fallback.fix}")
+
+
+def _checked(step: Step, stdout: str) -> str:
+    """``stdout``, once ``check_output`` finds nothing wrong with it."""
+    problem = step.check_output(stdout) if step.check_output else ""
+    if problem:
+        raise DeployError(f"step {step.name}: {problem}")
+    return stdout
+
+
+def _output_of(argv: Sequence[str]) -> str:
+    """What a read-only command says, its errors included ('' when it does not answer in time)."""
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                                timeout=CHECK_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return ""
+    return result.stdout + result.stderr
+
+
+def _run(step: Step, *, label: str, progress: Progress) -> tuple[int, str, str]:
     """Run the command, feeding ``stdin``; a heartbeat line while it takes long (eksctl: minutes)."""
     started_s = time.monotonic()
     with subprocess.Popen(step.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -156,11 +225,7 @@ def _execute(step: Step, *, label: str, progress: Progress) -> None:
                     raise DeployError(f"step {step.name} did not finish in {STEP_TIMEOUT_S:.0f}s: "
                                       f"{shlex.join(step.argv)}") from None
                 progress(f"{label} still running ({elapsed_s:.0f}s)")
-    if process.returncode != 0:
-        raise DeployError(_failure(f"step {step.name}", step.argv, process.returncode, stderr))
-    problem = step.check_output(stdout) if step.check_output else ""
-    if problem:
-        raise DeployError(f"step {step.name}: {problem}")
+    return process.returncode, stdout, stderr
 
 
 def _wait_until_ready(step: Step, poll: Poll, *, label: str, progress: Progress) -> None:

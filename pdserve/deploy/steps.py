@@ -5,7 +5,7 @@ Data only: ``eks.py`` builds plans from these, ``runner.py`` executes or prints 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 
@@ -32,6 +32,25 @@ class Poll:
 
 
 @dataclass(frozen=True, slots=True)
+class Fallback:
+    """A step that may fail in one place for a cause another place may not have (no capacity for an instance
+    type in one zone), and the other places to try.
+
+    ``tries`` are (where, stdin) in order; the step's own stdin is the first. After a failed try, ``explain``
+    (read-only commands) tell more, and ``cause`` reads their output with the command's: '' when the failure
+    is of another kind (the plan stops, as for any step), else the cause in words. Then ``undo`` removes what
+    the failed try left, and the next try runs. ``about`` says, for the dry run and the last error, what
+    kind of failure moves on and why it happens; ``fix`` what to do when every try failed so."""
+
+    tries: tuple[tuple[str, str], ...]
+    explain: tuple[tuple[str, ...], ...]
+    cause: Callable[[str], str]
+    undo: tuple[str, ...]
+    about: str
+    fix: str
+
+
+@dataclass(frozen=True, slots=True)
 class Step:
     """One command of a plan.
 
@@ -40,7 +59,9 @@ class Step:
     exits non-zero when there is nothing to do (a removal of something already gone). Empty = no
     check: the command is idempotent by itself. ``stdin`` carries configs and manifests, so the
     plan needs no files; when ``is_stdin_secret`` it is never shown. ``check_output`` reads the
-    command's output and returns what is wrong with it ('' when nothing).
+    command's output and returns what is wrong with it ('' when nothing); ``check_outputs`` does the same
+    from the outputs of this and every earlier step of the plan, by step name (a check that compares two
+    lookups). ``fix`` says what to do when the command itself fails, under its error.
     """
 
     name: str
@@ -52,9 +73,13 @@ class Step:
     is_stdin_secret: bool = False
     poll: Poll | None = None
     check_output: Callable[[str], str] | None = None
+    check_outputs: Callable[[Mapping[str, str]], str] | None = None
+    fix: str = ""
+    fallback: Fallback | None = None
     about: str = ""  # what the step checks or why it runs, for the dry run
 
     @property
     def tools(self) -> set[str]:
         """Executables this step runs, its checks included."""
-        return {argv[0] for argv in (self.argv, self.done_check, self.only_if) if argv}
+        fallback = (self.fallback.undo, *self.fallback.explain) if self.fallback else ()
+        return {argv[0] for argv in (self.argv, self.done_check, self.only_if, *fallback) if argv}

@@ -27,6 +27,14 @@ modelled:
   prompt tokens x STANDIN_KV_BYTES_PER_TOKEN at STANDIN_KV_GBPS (default 3, EFA on a g6.8xlarge); the scrape
   is modelled as immediate. ``X-PD-Mode: local`` runs on one engine and moves none. The defaults are
   Qwen3.5-9B's, the example's model (KV_BYTES_PER_TOKEN, KV_STATE_BYTES).
+- The AWS CLI's read-only calls of ``cloud up``'s preflight answer as the APIs do, with the CLI's exit codes
+  (253 for missing credentials, 254 for an error the service returned: AWS CLI User Guide, "Command line
+  return codes"): ``sts get-caller-identity``, ``ec2 describe-instance-types``, ``service-quotas
+  get-service-quota`` (STANDIN_QUOTAS="CODE=vCPUs ..."), ``ecr describe-images`` (STANDIN_ECR_IMAGES lists the
+  pushed REPOSITORY:TAGs). Each answer cites its source where it is modelled.
+- STANDIN_NO_CAPACITY lists zones where EC2 has no capacity for a GPU node group: its creation fails as eksctl's
+  does by default (the CloudFormation stack rolls back and removes the group, the stack's CREATE_FAILED event
+  keeps EKS's health issue), and ``eksctl delete nodegroup`` removes what is left.
 Processes, with time as a count of reads in the state file (never wall-clock):
 - Nodes register NotReady, tainted node.kubernetes.io/not-ready:NoSchedule and
   node.cloudprovider.kubernetes.io/uninitialized=true:NoSchedule, for the first STANDIN_NODE_NOT_READY_READS
@@ -115,6 +123,8 @@ def answer(tool: str, words: list[str], stdin: str, state: dict[str, Any]) -> in
         return _eksctl(words, stdin, state)
     if command.startswith("aws ec2 describe-instance-type-offerings"):
         print(json.dumps(OFFERINGS))
+    elif tool == "aws" and tuple(words[:2]) in AWS_READS:
+        return AWS_READS[tuple(words[:2])](words, state)
     elif tool == "kubectl" and words[0] == "exec":
         return _exec(words, state)
     elif tool == "kubectl" and words[0] in ("get", "patch", "apply", "delete", "run", "create"):
@@ -136,6 +146,8 @@ def _eksctl(words: list[str], stdin: str, state: dict[str, Any]) -> int:
             state.pop(key, None)
     elif words[:2] == ["create", "nodegroup"]:
         return _create_node_group(words[-1], yaml.safe_load(stdin), state)
+    elif words[:2] == ["delete", "nodegroup"]:
+        return _delete_node_group(words, state)
     elif words[:2] == ["get", "nodegroup"]:
         if name not in groups:
             return _error(f"Error: operation error EKS: DescribeNodegroup, ResourceNotFoundException: No node group "
@@ -149,6 +161,8 @@ def _eksctl(words: list[str], stdin: str, state: dict[str, Any]) -> int:
 def _create_node_group(name: str, cluster_config: dict[str, Any], state: dict[str, Any]) -> int:
     """eksctl creates the group and then, in its post-creation tasks, the device plugins it needs."""
     (group,) = [group for group in cluster_config["managedNodeGroups"] if group["name"] == name]
+    if _lacks_capacity(group):
+        return _fail_for_capacity(group, cluster_config, state)
     failing = os.environ.get("STANDIN_NODEGROUP_FAILS", "") == name
     state["nodegroups"][name] = {"status": "CREATE_FAILED" if failing else "ACTIVE", "config": group,
                                  "born_at_read": state.get("node_reads", 0)}
@@ -764,6 +778,157 @@ def _is_failing(tool: str, words: list[str]) -> bool:
         return False
     remaining = iter(words)
     return all(word in remaining for word in failing[1:])
+
+
+# vCPUs per instance type (EC2 API DescribeInstanceTypes, VCpuInfo.DefaultVCpus; g6.8xlarge 32, m7i.xlarge 4,
+# g6.xlarge 4 as EC2's instance type pages list them)
+VCPUS = {"g6.8xlarge": 32, "m7i.xlarge": 4, "g6.xlarge": 4}
+# what a new stand-in account may run; the quota names are Service Quotas' own
+QUOTA_NAMES = {"L-DB2E81BA": "Running On-Demand G and VT instances", "L-417A185B": "Running On-Demand P instances",
+               "L-1216C47A": "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances"}
+DEFAULT_QUOTAS = {"L-DB2E81BA": 64.0, "L-417A185B": 0.0, "L-1216C47A": 32.0}
+ACCOUNT = "123456789012"
+REGIONS = ("us-east-1", "us-east-2", "us-west-1", "us-west-2", "eu-west-1", "eu-central-1", "ap-northeast-1")
+
+
+def _service_error(code: str, operation: str, message: str) -> int:
+    """The AWS CLI's line for an error the service returned, and its exit code 254 (AWS CLI User Guide,
+    "Command line return codes"; awscli clidriver prints ClientError as below)."""
+    print(f"\nAn error occurred ({code}) when calling the {operation} operation: {message}", file=sys.stderr)
+    return 254
+
+
+def _caller_identity(words: list[str], state: dict[str, Any]) -> int:
+    """sts get-caller-identity (STS API GetCallerIdentity: UserId, Account, Arn), from the region's STS endpoint
+    (the AWS CLI v2 default). Without credentials botocore raises NoCredentialsError before any request, which
+    the CLI prints with its hint and exit code 253."""
+    region = _flag(words, "--region")
+    if region not in REGIONS:  # no such endpoint: botocore's EndpointConnectionError, the CLI's exit code 255
+        print(f'\nCould not connect to the endpoint URL: "https://sts.{region}.amazonaws.com/"', file=sys.stderr)
+        return 255
+    if os.environ.get("STANDIN_AWS_CREDENTIALS") == "none":
+        print('\nUnable to locate credentials. You can configure credentials by running "aws configure".',
+              file=sys.stderr)
+        return 253
+    print(json.dumps({"UserId": "AIDAEXAMPLEUSERID", "Account": ACCOUNT, "Arn": f"arn:aws:iam::{ACCOUNT}:user/demo"}))
+    return 0
+
+
+def _instance_types(words: list[str], state: dict[str, Any]) -> int:
+    """ec2 describe-instance-types --instance-types T... (EC2 API DescribeInstanceTypes; an unknown name is the
+    error InvalidInstanceType)."""
+    names = words[words.index("--instance-types") + 1:]
+    names = names[:next((index for index, word in enumerate(names) if word.startswith("--")), len(names))]
+    unknown = [name for name in names if name not in VCPUS]
+    if unknown:
+        return _service_error("InvalidInstanceType", "DescribeInstanceTypes",
+                              f"The following supplied instance types do not exist: [{', '.join(unknown)}]")
+    print(json.dumps({"InstanceTypes": [{"InstanceType": name, "VCpuInfo": {"DefaultVCpus": VCPUS[name]}}
+                                        for name in names]}))
+    return 0
+
+
+def _service_quota(words: list[str], state: dict[str, Any]) -> int:
+    """service-quotas get-service-quota (Service Quotas API GetServiceQuota: {"Quota": {..., "Value": <double>}});
+    STANDIN_QUOTAS="L-DB2E81BA=32" sets a quota's value."""
+    code, region = _flag(words, "--quota-code"), _flag(words, "--region")
+    quotas = {**DEFAULT_QUOTAS, **{key: float(value) for key, _, value in
+                                   (item.partition("=") for item in os.environ.get("STANDIN_QUOTAS", "").split())}}
+    if code not in QUOTA_NAMES:
+        return _service_error("NoSuchResourceException", "GetServiceQuota", f"The request failed because the "
+                              f"specified service quota {code} does not exist.")
+    print(json.dumps({"Quota": {"ServiceCode": "ec2", "ServiceName": "Amazon Elastic Compute Cloud (Amazon EC2)",
+                                "QuotaArn": f"arn:aws:servicequotas:{region}:{ACCOUNT}:ec2/{code}", "QuotaCode": code,
+                                "QuotaName": QUOTA_NAMES[code], "Value": quotas[code], "Unit": "None",
+                                "Adjustable": True, "GlobalQuota": False}}))
+    return 0
+
+
+def _ecr_images(words: list[str], state: dict[str, Any]) -> int:
+    """ecr describe-images --image-ids imageTag=T (ECR API DescribeImages: imageDetails; the errors
+    RepositoryNotFoundException and ImageNotFoundException in ECR's words, as the AWS provider for Terraform
+    quotes them in hashicorp/terraform-provider-aws#35268)."""
+    registry, repository = _flag(words, "--registry-id"), _flag(words, "--repository-name")
+    tag = _flag(words, "--image-ids").removeprefix("imageTag=")
+    pushed = [item.partition(":") for item in os.environ.get("STANDIN_ECR_IMAGES", "").split()]
+    if repository not in [name for name, _, _ in pushed]:
+        return _service_error("RepositoryNotFoundException", "DescribeImages", f"The repository with name "
+                              f"'{repository}' does not exist in the registry with id '{registry}'")
+    if (repository, tag) not in [(name, found) for name, _, found in pushed]:
+        return _service_error("ImageNotFoundException", "DescribeImages", f"The image with imageId "
+                              f"{{imageDigest:'null', imageTag:'{tag}'}} does not exist within the repository with "
+                              f"name '{repository}' in the registry with id '{registry}'")
+    print(json.dumps({"imageDetails": [{"registryId": registry, "repositoryName": repository, "imageTags": [tag],
+                                        "imageDigest": "sha256:" + "ab" * 32, "imageSizeInBytes": 9_100_000_000}]}))
+    return 0
+
+
+def _node_group_health(words: list[str], state: dict[str, Any]) -> int:
+    """eks describe-nodegroup --query nodegroup.health (EKS API DescribeNodegroup; a group that is gone is
+    ResourceNotFoundException, as eksctl quotes it above)."""
+    name = _flag(words, "--nodegroup-name")
+    group = state.get("nodegroups", {}).get(name)
+    if group is None:
+        return _service_error("ResourceNotFoundException", "DescribeNodegroup", f"No node group found for name: {name}.")
+    print(json.dumps(group.get("health", {"issues": []})))
+    return 0
+
+
+def _stack_events(words: list[str], state: dict[str, Any]) -> int:
+    """cloudformation describe-stack-events --query "StackEvents[?ResourceStatus=='CREATE_FAILED']
+    .ResourceStatusReason" (CloudFormation API DescribeStackEvents; a stack that does not exist is a
+    ValidationError)."""
+    name = _flag(words, "--stack-name")
+    stack = state.get("stacks", {}).get(name)
+    if stack is None:
+        return _service_error("ValidationError", "DescribeStackEvents", f"Stack [{name}] does not exist")
+    print(json.dumps(stack["failed_reasons"]))
+    return 0
+
+
+AWS_READS = {("sts", "get-caller-identity"): _caller_identity, ("ec2", "describe-instance-types"): _instance_types,
+             ("service-quotas", "get-service-quota"): _service_quota, ("ecr", "describe-images"): _ecr_images,
+             ("eks", "describe-nodegroup"): _node_group_health, ("cloudformation", "describe-stack-events"): _stack_events}
+
+
+def _lacks_capacity(group: dict[str, Any]) -> bool:
+    zones = os.environ.get("STANDIN_NO_CAPACITY", "").split(",")
+    return bool(INSTANCE_TYPES[group["instanceType"]][2]) and group["availabilityZones"][0] in zones
+
+
+def _fail_for_capacity(group: dict[str, Any], cluster_config: dict[str, Any], state: dict[str, Any]) -> int:
+    """A managed node group whose instances EC2 cannot launch: EKS marks it CREATE_FAILED with the health issue
+    AsgInstanceLaunchFailures quoting EC2's InsufficientInstanceCapacity (aws/containers-roadmap#2204); the
+    AWS::EKS::Nodegroup resource fails with that issue as its reason, and the stack, created without
+    DisableRollback (eksctl pkg/cfn/manager/api.go), rolls back and removes the group. eksctl prints only that
+    the node groups were not created (eksctl pkg/actions/nodegroup/create.go)."""
+    cluster, zone, kind = cluster_config["metadata"]["name"], group["availabilityZones"][0], group["instanceType"]
+    message = (f"Could not launch On-Demand Instances. InsufficientInstanceCapacity - We currently do not have "
+               f"sufficient {kind} capacity in the Availability Zone you requested ({zone}). Our system will be "
+               f"working on provisioning additional capacity. You can currently get {kind} capacity by not specifying "
+               f"an Availability Zone in your request or choosing us-west-2a, us-west-2c. Launching EC2 instance failed.")
+    reason = (f'Resource handler returned message: "[Issue(Code=AsgInstanceLaunchFailures, Message={message}, '
+              f'ResourceIds=[eks-{group["name"]}-0ec8])] (Service: null, Status Code: 0, Request ID: null)"')
+    state.setdefault("stacks", {})[f"eksctl-{cluster}-nodegroup-{group['name']}"] = {
+        "status": "ROLLBACK_COMPLETE", "failed_reasons": [reason]}
+    state.setdefault("nodegroups", {}).pop(group["name"], None)
+    # kris-nova/logger's lines go to stdout (eksctl cmd/eksctl/logger.go); the error is smithy-go's waiter's
+    print("[ℹ]  1 error(s) occurred and nodegroups haven't been created properly, you may wish to check "
+          "CloudFormation console")
+    print(f"[ℹ]  to cleanup resources, run 'eksctl delete nodegroup --region=us-west-2 --cluster={cluster} "
+          "--name=<name>' for each of the failed nodegroups")
+    print("[✖]  waiter state transitioned to Failure")
+    return _error(f'Error: failed to create nodegroups for cluster "{cluster}"')
+
+
+def _delete_node_group(words: list[str], state: dict[str, Any]) -> int:
+    """eksctl delete nodegroup --wait removes the group's stack, and with it the group."""
+    name, cluster = _flag(words, "--name"), _flag(words, "--cluster")
+    stack = state.get("stacks", {}).pop(f"eksctl-{cluster}-nodegroup-{name}", None)
+    group = state.get("nodegroups", {}).pop(name, None)
+    if stack is None and group is None:
+        return _error(f"Error: nodegroup {name} not found")
+    return 0
 
 
 if __name__ == "__main__":

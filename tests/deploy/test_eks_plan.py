@@ -69,12 +69,23 @@ def test_the_efa_gpu_group_sits_in_one_zone_that_offers_its_instance_type() -> N
     assert gpu["efaEnabled"] is True and gpu["privateNetworking"] is True
     assert gpu["taints"] == [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]
     assert (gpu["instanceType"], gpu["desiredCapacity"]) == ("g6.8xlarge", 2)
-    assert config["availabilityZones"] == ["us-west-2b", "us-west-2a"]  # EKS wants two zones
-    assert node_group(config, SYSTEM_NODE_GROUP)["availabilityZones"] == ["us-west-2b", "us-west-2a"]
+    # a subnet in each zone the GPU group may move to; the system group where m7i.xlarge is offered
+    assert config["availabilityZones"] == ["us-west-2b", "us-west-2c"]
+    assert node_group(config, SYSTEM_NODE_GROUP)["availabilityZones"] == ["us-west-2b"]
+
+
+def test_configured_gpu_zones_are_tried_in_their_order_with_a_system_zone_added_where_none_offers_it() -> None:
+    settings = eks_settings(eks={"availability_zones": ["us-west-2c"]})
+    zones = choose_zones(OFFERINGS, settings.eks)
+    assert (zones.gpu, zones.cluster, zones.system) == (("us-west-2c",), ("us-west-2c", "us-west-2a"), ("us-west-2a",))
+    both = eks_settings(eks={"availability_zones": ["us-west-2c", "us-west-2b"]})
+    assert choose_zones(OFFERINGS, both.eks).gpu == ("us-west-2c", "us-west-2b")
+    assert node_group(cluster_config(both, choose_zones(OFFERINGS, both.eks), gpu_zone="us-west-2b"),
+                      GPU_NODE_GROUP)["availabilityZones"] == ["us-west-2b"]
 
 
 def test_a_configured_zone_that_lacks_the_instance_type_is_refused_naming_the_zones_that_have_it() -> None:
-    settings = eks_settings(eks={"availability_zone": "us-west-2a"})
+    settings = eks_settings(eks={"availability_zones": ["us-west-2b", "us-west-2a"]})
     with pytest.raises(DeployError, match=r"g6.8xlarge is not offered in zone us-west-2a \(offered in: us-west-2b, "
                                           r"us-west-2c\)"):
         choose_zones(OFFERINGS, settings.eks)
