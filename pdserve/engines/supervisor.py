@@ -106,11 +106,11 @@ class Supervisor:
                 return
             restarts = self._restarts.get(name, 0)
             if restarts >= launch.max_restarts:
-                raise EngineStartFailed(f"{name} died (exit {code}) {restarts} times; giving up:\n{engine.log_tail()}")
+                raise EngineStartFailed(engine.failure(f"died (exit {code}) {restarts} times; giving up"))
             delay_s = launch.restart_backoff_s * 2 ** restarts
             self._restarts[name] = restarts + 1
-            log.error("%s DIED with exit code %s; restart %d/%d in %.0f s. Log tail:\n%s",
-                      name, code, restarts + 1, launch.max_restarts, delay_s, engine.log_tail())
+            log.error("%s", engine.failure(f"DIED with exit code {code}; restart {restarts + 1}/"
+                                           f"{launch.max_restarts} in {delay_s:.0f} s"))
             await asyncio.sleep(delay_s)
             await engine.stop()
             await engine.start()

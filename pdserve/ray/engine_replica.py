@@ -99,9 +99,9 @@ class EngineReplica:
         Serve then replaces this replica. Registration runs beside it, so a busy
         registry never fails an engine's health check."""
         if not self._engine.is_running:
-            tail = self._engine.log_tail()
+            failure = self._engine.failure("exited")
             await self._engine.stop()  # its EngineCore and workers outlive a killed API server otherwise
-            raise EngineStartFailed(f"{self._spec.name} exited:\n{tail}")
+            raise EngineStartFailed(failure)
         problem = await probe(self._session, self._spec.base_url, timeout_s=self._health_timeout_s)
         verdict = self._unanswered.verdict(problem, now_s=time.monotonic())
         if verdict is not None:
