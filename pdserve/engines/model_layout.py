@@ -53,9 +53,31 @@ RECURRENT_ARCHITECTURES = GATED_DELTANET_ARCHITECTURES | frozenset({
 RECURRENT_LAYER_TYPES = frozenset({"linear_attention", "mamba", "conv"})
 
 
+# Qwen3.5's config sets the recurrent state's dtype; vLLM uses it where --mamba-ssm-cache-dtype is auto
+# (vllm/model_executor/models/config.py, Qwen3_5ForConditionalGenerationConfig). Other Gated DeltaNet models
+# keep their state in the model's dtype (MambaStateDtypeCalculator._mamba_state_dtype).
+SSM_DTYPE_FROM_CONFIG = frozenset({"Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"})
+
+
 class Layout(StrEnum):
     ATTENTION = "attention"  # every layer keeps a KV cache (dense, sliding window, MLA)
     HYBRID = "hybrid"  # some layers keep recurrent state per request instead
+
+
+@dataclass(frozen=True, slots=True)
+class RecurrentShape:
+    """A Gated DeltaNet model's cache as vLLM shapes it, in values (not bytes), read from config.json: each
+    linear-attention layer keeps a conv and a temporal state per sequence, each attention layer K and V per
+    token (vllm/model_executor/layers/mamba/mamba_utils.py, gated_delta_net_state_shape)."""
+
+    conv_values: int  # (key_dim x key_heads x 2 + value_dim x value_heads) x (conv kernel - 1)
+    temporal_values: int  # value_heads x value_dim x key_dim
+    temporal_dtype: str  # the config's mamba_ssm_dtype where vLLM uses it; '' = the model's dtype
+    attention_token_values: int  # K and V of one token in one attention layer: 2 x kv_heads x head_dim
+    kv_heads: int
+    linear_layers: int
+    attention_layers: int
+    config_dtype: str  # torch_dtype: what model.dtype auto serves
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +87,7 @@ class ModelLayout:
     evidence: str  # what in config.json decided ``layout``
     is_gated_deltanet: bool = False
     has_vision_tower: bool = False
+    recurrent: RecurrentShape | None = None  # for Gated DeltaNet models: what sizes their batch (engines/batch_size.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +117,33 @@ def detect_layout(config: Mapping[str, Any], *, model: str) -> ModelLayout:
         evidence=evidence or f"{architecture}: attention layers only",
         is_gated_deltanet=architecture in GATED_DELTANET_ARCHITECTURES,
         has_vision_tower=isinstance(config.get("vision_config"), Mapping),
+        recurrent=recurrent_shape(text, architecture=architecture) if architecture in GATED_DELTANET_ARCHITECTURES
+        else None,
+    )
+
+
+def recurrent_shape(text: Mapping[str, Any], *, architecture: str) -> RecurrentShape | None:
+    """The cache shape of a Gated DeltaNet model's text config; None when a field vLLM reads is missing."""
+    try:
+        key_heads, value_heads = int(text["linear_num_key_heads"]), int(text["linear_num_value_heads"])
+        key_dim, value_dim = int(text["linear_key_head_dim"]), int(text["linear_value_head_dim"])
+        conv_kernel, kv_heads, head_dim = int(text["linear_conv_kernel_dim"]), int(text["num_key_value_heads"]), int(
+            text.get("head_dim") or int(text["hidden_size"]) // int(text["num_attention_heads"]))
+        layers = int(text["num_hidden_layers"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    layer_types = text.get("layer_types")
+    if isinstance(layer_types, list):
+        linear = sum(kind == "linear_attention" for kind in layer_types)
+    else:  # Qwen3-Next before layer_types: every full_attention_interval-th layer is attention
+        interval = int(text.get("full_attention_interval") or 4)
+        linear = layers - layers // interval
+    ssm_dtype = text.get("mamba_ssm_dtype") if architecture in SSM_DTYPE_FROM_CONFIG else None
+    return RecurrentShape(
+        conv_values=(key_dim * key_heads * 2 + value_dim * value_heads) * (conv_kernel - 1),
+        temporal_values=value_heads * value_dim * key_dim, temporal_dtype=str(ssm_dtype or ""),
+        attention_token_values=2 * kv_heads * head_dim, kv_heads=kv_heads, linear_layers=linear,
+        attention_layers=layers - linear, config_dtype=str(text.get("torch_dtype") or text.get("dtype") or "bfloat16"),
     )
 
 
