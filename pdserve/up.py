@@ -18,6 +18,7 @@ import aiohttp
 
 from pdserve.config import Settings
 from pdserve.demo.model import build_demo_model
+from pdserve.engines.host_checks import gpu_memory_bytes
 from pdserve.engines.launcher import busy_ports
 from pdserve.engines.model_layout import ModelLayout, describe, read_layout
 from pdserve.engines.supervisor import Supervisor
@@ -38,7 +39,9 @@ async def run_up(settings: Settings, *, progress: Callable[[str], None]) -> None
     _check_ports_free(settings)
     model_path = await resolve_model(settings, progress=progress)
     layout = await resolve_layout(model_path, progress=progress)
-    supervisor = Supervisor(settings, model_path=model_path, layout=layout, progress=progress)
+    gpu_memory = await gpu_memory_bytes([settings.prefill, settings.decode])
+    supervisor = Supervisor(settings, model_path=model_path, layout=layout, progress=progress,
+                            gpu_memory_bytes=gpu_memory)
     server = make_gateway_server(settings, members=supervisor.members)
     tasks: list[asyncio.Task[None]] = []
     async with aiohttp.ClientSession() as session:

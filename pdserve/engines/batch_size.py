@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdserve.config import EngineSpec, PoolSpec
+from pdserve.engines.host_checks import VLLM_GPU_MEMORY_UTILIZATION
 from pdserve.engines.model_layout import RecurrentShape
 from pdserve.errors import ConfigError
 
@@ -108,49 +109,76 @@ def parse_size(text: str) -> int | None:
     return None
 
 
-def pool_kv_cache_bytes(pool: PoolSpec) -> int | None:
-    """The KV cache one engine of ``pool`` gets where the config fixes it: a CPU engine's kv_cache_gib,
-    a GPU engine's --kv-cache-memory-bytes; None where vLLM sizes it from what the GPU has free."""
+def pool_kv_cache_bytes(pool: PoolSpec, *, gpu_memory_bytes: int | None, weight_bytes: int | None) -> int | None:
+    """The KV cache one engine of ``pool`` gets: a CPU engine's kv_cache_gib, a GPU engine's
+    --kv-cache-memory-bytes; else at most its share of the GPU (gpu_memory_utilization, vLLM's 0.9 by
+    default, of ``gpu_memory_bytes``) less its share of the weights (``weight_bytes`` over the tensor-parallel
+    workers): vLLM also takes activations and CUDA graphs from it. None where a figure is unknown."""
     if pool.device == "cpu":
         return pool.kv_cache_gib * GIB
     given = flag_value(pool.extra_args, KV_CACHE_BYTES_FLAG)
-    return None if given is None else parse_size(given)
+    if given is not None:
+        return parse_size(given)
+    if gpu_memory_bytes is None or weight_bytes is None:
+        return None
+    share = pool.gpu_memory_utilization or VLLM_GPU_MEMORY_UTILIZATION
+    left = int(share * gpu_memory_bytes) - weight_bytes // pool.tensor_parallel_size
+    return left if left > 0 else None
 
 
-def max_num_seqs_args(spec: EngineSpec, *, shape: RecurrentShape | None, model: str, dtype: str,
-                      block_size: int) -> tuple[list[str], str]:
+def max_num_seqs_args(spec: EngineSpec, *, shape: RecurrentShape | None, model: str, dtype: str, block_size: int,
+                      gpu_memory_bytes: int | None = None, weight_bytes: int | None = None) -> tuple[list[str], str]:
     """(``--max-num-seqs N`` where pdserve sets it, a note on why), for ``spec``'s engine of ``model``.
 
     The pool's max_num_seqs (or the flag in extra_args) is kept. Otherwise a Gated DeltaNet model whose
-    KV cache size pdserve knows gets the sequences that cache holds at once, where that is below vLLM's
-    default. Raises ConfigError when the cache holds no sequence, or when the pool's value would fail vLLM's
-    start-up check (more than the cache's blocks with decode CUDA graphs)."""
+    KV cache size pdserve knows (``pool_kv_cache_bytes``) gets the sequences that cache holds at once, where
+    that is below vLLM's default; one block per group and sequence also leaves room, where the size is a GPU
+    share less the weights, for what vLLM takes besides the cache. Raises ConfigError, where the size is
+    exact, when the cache holds no sequence or the pool's value would fail vLLM's start-up check."""
     pool = spec.pool
     in_args = flag_value(pool.extra_args, MAX_NUM_SEQS_FLAG)
-    asked = pool.max_num_seqs if in_args is None else int(in_args) if in_args.isdigit() else None
-    own = [] if asked is None or in_args is not None else [MAX_NUM_SEQS_FLAG, str(asked)]
-    kv_cache_bytes = pool_kv_cache_bytes(pool)
-    unmodelled = any(flag in pool.extra_args or flag_value(pool.extra_args, flag) for flag in UNMODELLED_FLAGS)
-    if shape is None or kv_cache_bytes is None or unmodelled or (in_args is not None and asked is None):
+    if in_args is not None and not in_args.isdigit():
+        return [], ""  # vLLM says what it makes of it
+    asked = int(in_args) if in_args is not None else pool.max_num_seqs
+    own = [MAX_NUM_SEQS_FLAG, str(asked)] if asked is not None and in_args is None else []
+    count, is_exact = _block_count(pool, shape=shape, dtype=dtype, block_size=block_size,
+                                   gpu_memory_bytes=gpu_memory_bytes, weight_bytes=weight_bytes)
+    if count is None:
         return own, ""
+    if is_exact:
+        _refuse_what_cannot_start(spec, count, asked=asked, model=model)
+    if asked is not None or count.sequences < 1:
+        return own, ""
+    if count.sequences >= default_max_num_seqs(device=pool.device, tensor_parallel_size=pool.tensor_parallel_size):
+        return [], ""
+    return [MAX_NUM_SEQS_FLAG, str(count.sequences)], f"max_num_seqs {count.sequences}: {count.describe()}"
+
+
+def _block_count(pool: PoolSpec, *, shape: RecurrentShape | None, dtype: str, block_size: int,
+                 gpu_memory_bytes: int | None, weight_bytes: int | None) -> tuple[BlockCount | None, bool]:
+    """(the pool's block count, whether its KV size is exact) or (None, False) where it cannot be counted. A GPU
+    share less the checkpoint is an estimate (a multimodal checkpoint counts a tower vLLM does not load): good
+    for a batch size, not for refusing a configuration."""
+    kv_cache_bytes = pool_kv_cache_bytes(pool, gpu_memory_bytes=gpu_memory_bytes, weight_bytes=weight_bytes)
+    unmodelled = any(flag in pool.extra_args or flag_value(pool.extra_args, flag) for flag in UNMODELLED_FLAGS)
+    if shape is None or kv_cache_bytes is None or unmodelled:
+        return None, False
     count = count_blocks(shape, kv_cache_bytes=kv_cache_bytes, dtype=dtype, block_size=block_size,
                          tensor_parallel_size=pool.tensor_parallel_size)
+    return count, pool_kv_cache_bytes(pool, gpu_memory_bytes=None, weight_bytes=None) is not None
+
+
+def _refuse_what_cannot_start(spec: EngineSpec, count: BlockCount, *, asked: int | None, model: str) -> None:
     role = spec.role.value
     if count.sequences < 1:
         raise ConfigError(f"{role}: {count.describe()} of model {model}: not one sequence fits; give the engine more "
                           "KV cache (kv_cache_gib on CPU, --kv-cache-memory-bytes on GPU)")
-    if asked is not None:
-        if asked > count.blocks and captures_cuda_graphs(pool):
-            raise ConfigError(
-                f"{role}.max_num_seqs is {asked}, but {count.describe()} of model {model}, and with decode CUDA "
-                f"graphs vLLM refuses to start with more sequences than blocks (\"max_num_seqs ({asked}) exceeds "
-                f"available Mamba cache blocks ({count.blocks})\"): set max_num_seqs to at most {count.blocks} "
-                f"({count.sequences} run at once), give the engine more KV cache, or set enforce_eager")
-        return own, ""
-    default = default_max_num_seqs(device=pool.device, tensor_parallel_size=pool.tensor_parallel_size)
-    if count.sequences >= default:
-        return [], ""
-    return [MAX_NUM_SEQS_FLAG, str(count.sequences)], f"max_num_seqs {count.sequences}: {count.describe()}"
+    if asked is not None and asked > count.blocks and captures_cuda_graphs(spec.pool):
+        raise ConfigError(
+            f"{role}.max_num_seqs is {asked}, but {count.describe()} of model {model}, and with decode CUDA "
+            f"graphs vLLM refuses to start with more sequences than blocks (\"max_num_seqs ({asked}) exceeds "
+            f"available Mamba cache blocks ({count.blocks})\"): set max_num_seqs to at most {count.blocks} "
+            f"({count.sequences} run at once), give the engine more KV cache, or set enforce_eager")
 
 
 def captures_cuda_graphs(pool: PoolSpec) -> bool:

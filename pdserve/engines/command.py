@@ -43,6 +43,7 @@ class EngineCommand:
 def build_engine_command(
     spec: EngineSpec, *, model: ModelSpec, model_path: str, layout: ModelLayout, kv: KVTransferSpec, python: str,
     host: str, cpu_bind: str, link: HostLink, otlp_traces_endpoint: str = "", compile_cache_dir: str = "",
+    gpu_memory_bytes: int | None = None,
 ) -> EngineCommand:
     """argv + env for ``spec``. ``cpu_bind`` is VLLM_CPU_OMP_THREADS_BIND for CPU engines; ``layout`` (of the
     model at ``model_path``) adds what a hybrid or multimodal model needs; ``link`` (this host's, from
@@ -50,11 +51,14 @@ def build_engine_command(
     ConfigError when the pool's settings cannot hand that model off. ``otlp_traces_endpoint`` (the
     gateway's, an OTLP/HTTP URL; empty = off) makes the engine export its request spans there too.
     ``compile_cache_dir`` (``launch.cache_dir``; empty = vLLM's own) is where vLLM keeps its compiled model.
+    ``gpu_memory_bytes`` (this host's GPU, None = unknown) bounds a hybrid model's KV cache where the pool
+    does not fix its size (engines/batch_size.py).
     """
     pool = spec.pool
     needs = engine_needs(layout, spec, dtype=model.dtype)
     batch_args, batch_note = max_num_seqs_args(spec, shape=layout.recurrent, model=model_path, dtype=model.dtype,
-                                               block_size=engine_block_size(spec, kv))
+                                               block_size=engine_block_size(spec, kv),
+                                               gpu_memory_bytes=gpu_memory_bytes, weight_bytes=layout.weight_bytes)
     buffer = choose_buffer_device(kv, pool, link)
     is_cross_layer = wants_cross_layer_blocks(kv, pool, layout=layout, buffer_device=buffer.device)
     argv = [

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,7 @@ RECURRENT_ARCHITECTURES = GATED_DELTANET_ARCHITECTURES | frozenset({
 RECURRENT_LAYER_TYPES = frozenset({"linear_attention", "mamba", "conv"})
 
 
+SAFETENSORS_INDEX = "model.safetensors.index.json"
 # Qwen3.5's config sets the recurrent state's dtype; vLLM uses it where --mamba-ssm-cache-dtype is auto
 # (vllm/model_executor/models/config.py, Qwen3_5ForConditionalGenerationConfig). Other Gated DeltaNet models
 # keep their state in the model's dtype (MambaStateDtypeCalculator._mamba_state_dtype).
@@ -88,6 +89,7 @@ class ModelLayout:
     is_gated_deltanet: bool = False
     has_vision_tower: bool = False
     recurrent: RecurrentShape | None = None  # for Gated DeltaNet models: what sizes their batch (engines/batch_size.py)
+    weight_bytes: int | None = None  # the checkpoint's size where read_layout found it (its safetensors)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,28 +203,42 @@ def read_layout(model_path: str) -> ModelLayout:
     Raises ConfigError when config.json cannot be read or the model cannot be handed off.
     """
     try:
-        config = json.loads(_config_file(model_path).read_text(encoding="utf-8"))
+        config = json.loads(_model_file(model_path, "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read config.json of model {model_path}: {exc}") from exc
     if not isinstance(config, dict):
         raise ConfigError(f"config.json of model {model_path} does not hold a JSON object")
-    return detect_layout(config, model=model_path)
+    return replace(detect_layout(config, model=model_path), weight_bytes=read_weight_bytes(model_path))
 
 
-def _config_file(model_path: str) -> Path:
+def read_weight_bytes(model_path: str) -> int | None:
+    """The checkpoint's bytes: its safetensors index's metadata.total_size (from a local folder, or for a Hub
+    id as config.json is fetched), else a local folder's safetensors files; None when neither says (a shape
+    folder without weights, a single-file Hub model)."""
+    try:
+        index = json.loads(_model_file(model_path, SAFETENSORS_INDEX).read_text(encoding="utf-8"))
+        return int(index["metadata"]["total_size"])
+    except (ConfigError, OSError, ValueError, KeyError, TypeError):
+        folder = Path(model_path).expanduser()
+        sizes = [path.stat().st_size for path in folder.glob("*.safetensors")] if folder.is_dir() else []
+        return sum(sizes) if sizes else None
+
+
+def _model_file(model_path: str, name: str) -> Path:
+    """File ``name`` of the model: in its local folder, or from the Hugging Face Hub (its cache first)."""
     folder = Path(model_path).expanduser()
     if folder.is_dir() or model_path.startswith(("/", ".", "~")):
-        return folder / "config.json"
+        return folder / name
     try:
         from huggingface_hub import hf_hub_download  # vLLM's dependency; only Hub ids need it
         from huggingface_hub.errors import EntryNotFoundError
     except ImportError as exc:
-        raise ConfigError(f"model {model_path} is no local folder, and reading its config.json from the "
+        raise ConfigError(f"model {model_path} is no local folder, and reading its {name} from the "
                           "Hugging Face Hub needs huggingface_hub (vLLM installs it)") from exc
     try:
-        return Path(hf_hub_download(model_path, "config.json"))
+        return Path(hf_hub_download(model_path, name))
     except EntryNotFoundError as exc:
-        raise ConfigError(f"model {model_path} has no config.json on the Hugging Face Hub") from exc
+        raise ConfigError(f"model {model_path} has no {name} on the Hugging Face Hub") from exc
 
 
 def _architecture(config: Mapping[str, Any]) -> str:

@@ -69,8 +69,8 @@ def plain_line(line: str) -> str:
 _ADVICE = (
     ("exceeds available Mamba cache blocks",
      ("the engine's KV cache holds fewer Mamba state blocks than max_num_seqs: give the pool a max_num_seqs that "
-     "fits (pdserve sizes it itself where it knows the KV cache size: kv_cache_gib on CPU, --kv-cache-memory-bytes "
-     "on GPU) or more KV cache memory")),
+     "fits (pdserve sizes it itself where it knows the KV cache size: kv_cache_gib on CPU; on GPU "
+     "--kv-cache-memory-bytes, or the GPU's share less the weights) or more KV cache memory")),
     ("initialize_host_xfer_buffer",
      ("vLLM's NixlConnector could not stage this model's KV cache in host memory (a hybrid model's cache is a "
      "list of state tensors per layer group): set kv.buffer_device: cuda")),

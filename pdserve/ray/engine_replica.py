@@ -30,7 +30,7 @@ from ray.serve.exceptions import RayServeException
 from pdserve.config import EngineSpec, Settings, parse_settings
 from pdserve.engines.command import build_engine_command, split_cpus
 from pdserve.engines.drain import read_load, wait_until_idle
-from pdserve.engines.host_checks import check_engine_host, read_memlock_limit
+from pdserve.engines.host_checks import check_engine_host, gpu_memory_bytes, read_memlock_limit
 from pdserve.engines.kv_link import probe_host_link
 from pdserve.engines.kv_path import KvPathLog
 from pdserve.engines.launcher import EngineProcess, bring_up
@@ -71,6 +71,7 @@ class EngineReplica:
             python=python, host=self._spec.host, cpu_bind=cpu_bind,
             link=link, otlp_traces_endpoint=settings.gateway.otlp_traces_endpoint,
             compile_cache_dir=settings.launch.cache_dir,
+            gpu_memory_bytes=await gpu_memory_bytes([self._spec.pool]),
         )
         # Fails the replica with one PREFLIGHT_PREFIX line (Serve's message, `cloud status`) before vLLM runs.
         checked = await check_engine_host(self._spec.pool, kv=settings.kv, env=command.env, link=link, python=python,

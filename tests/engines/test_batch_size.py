@@ -4,6 +4,9 @@ the numbers where vLLM would refuse to start."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +16,7 @@ from pdserve.demo.shapes import CONFIGS, Shape
 from pdserve.engines.batch_size import count_blocks
 from pdserve.engines.command import build_engine_command
 from pdserve.engines.kv_link import HostLink
-from pdserve.engines.model_layout import RecurrentShape, detect_layout
+from pdserve.engines.model_layout import RecurrentShape, detect_layout, read_weight_bytes
 from pdserve.errors import ConfigError
 
 GIB = 1 << 30
@@ -26,12 +29,14 @@ def qwen_shape() -> RecurrentShape:
     return QWEN3_5_9B.recurrent
 
 
-def max_num_seqs(pool: dict[str, Any], *, layout: Any = QWEN3_5_9B, dtype: str = "bfloat16") -> str | None:
+def max_num_seqs(pool: dict[str, Any], *, layout: Any = QWEN3_5_9B, dtype: str = "bfloat16",
+                 gpu_memory_bytes: int | None = None) -> str | None:
     """The --max-num-seqs the prefill engine gets (None: vLLM's default), for the pool settings ``pool``."""
     settings = parse_settings({"model": {"dtype": dtype}, "prefill": pool}, source="test")
     spec = settings.engine_specs()[0]
     argv = build_engine_command(spec, model=settings.model, model_path="/m", layout=layout, kv=settings.kv,
-                                python="py", host="127.0.0.1", cpu_bind="0", link=HostLink()).argv
+                                python="py", host="127.0.0.1", cpu_bind="0", link=HostLink(),
+                                gpu_memory_bytes=gpu_memory_bytes).argv
     return argv[argv.index("--max-num-seqs") + 1] if "--max-num-seqs" in argv else None
 
 
@@ -81,3 +86,28 @@ def test_a_pools_own_max_num_seqs_is_kept_or_refused_with_the_numbers() -> None:
 def test_a_cache_too_small_for_one_sequence_is_refused() -> None:
     with pytest.raises(ConfigError, match="not one sequence fits"):
         max_num_seqs(gpu_pool(30 * 2**20))
+
+
+MIB = 1 << 20
+TEXT_WEIGHTS = 17_900_000_000  # Qwen3.5-9B's bf16 text weights (docs/deploy.md, "Fit")
+
+
+def test_a_gpu_share_bounds_the_kv_cache_by_the_gpus_memory_less_the_weights() -> None:
+    """The reference on an L4: 0.90 x 23,034 MiB less 17.9 GB leaves at most 3.6 GiB: 182 blocks, 45 sequences,
+    under the 256 vLLM defaults to there; the one-GPU example's 0.25 of an H100 (81,559 MiB) leaves 165, 41."""
+    layout = replace(QWEN3_5_9B, weight_bytes=TEXT_WEIGHTS)
+    pool = {"device": "cuda", "gpu_ids": [0], "gpu_memory_utilization": 0.9, "enforce_eager": True}
+    assert max_num_seqs(pool, layout=layout, gpu_memory_bytes=23_034 * MIB) == "45"
+    pool["gpu_memory_utilization"] = 0.25
+    assert max_num_seqs(pool, layout=layout, gpu_memory_bytes=81_559 * MIB) == "41"
+    assert max_num_seqs(pool, layout=layout) is None  # no GPU figure: vLLM's default
+    assert max_num_seqs(pool, layout=QWEN3_5_9B, gpu_memory_bytes=81_559 * MIB) is None  # no weights figure (a shape)
+
+
+def test_weight_bytes_come_from_the_safetensors_index_or_files(tmp_path: Path) -> None:
+    assert read_weight_bytes(str(tmp_path)) is None  # a shape folder: config and tokenizer only
+    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"x" * 300)
+    (tmp_path / "model-00002-of-00002.safetensors").write_bytes(b"x" * 200)
+    assert read_weight_bytes(str(tmp_path)) == 500
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 19_300_000_000}}))
+    assert read_weight_bytes(str(tmp_path)) == 19_300_000_000
