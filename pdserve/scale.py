@@ -11,8 +11,10 @@ import aiohttp
 
 from pdserve.deploy.cluster_view import format_table
 from pdserve.engines.members import Members
+from pdserve.errors import GatewayUnavailable
+from pdserve.gateway_address import GatewayTarget
 from pdserve.role import Role
-from pdserve.status import StatusUnavailable, admin_json
+from pdserve.status import admin_json
 
 SCALE_PATH = "/admin/scale"
 HEADER = ("NAME", "ROLE", "ADDRESS", "STATE")
@@ -30,29 +32,28 @@ def parse_pools(args: Sequence[str]) -> dict[str, int]:
     return body
 
 
-async def scale(gateway_url: str, pools: dict[str, int], *, headers: dict[str, str], wait: bool, timeout_s: float,
+async def scale(gateway: GatewayTarget, pools: dict[str, int], *, headers: dict[str, str], wait: bool, timeout_s: float,
                 progress: Callable[[str], None]) -> Members:
     """Ask for ``pools`` (none: only read the engines); with ``wait``, report each engine's state
-    as it changes until the pools are as asked. Raises StatusUnavailable, saying why."""
-    url = gateway_url.rstrip("/") + SCALE_PATH
+    as it changes until the pools are as asked. Raises GatewayUnavailable, saying why."""
     async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=30)) as session:
         if not pools:
-            return Members.from_json(await admin_json(session, "GET", url))
-        before = Members.from_json(await admin_json(session, "GET", url))
-        asked = Members.from_json(await admin_json(session, "POST", url, pools))
+            return Members.from_json(await admin_json(session, "GET", gateway, SCALE_PATH))
+        before = Members.from_json(await admin_json(session, "GET", gateway, SCALE_PATH))
+        asked = Members.from_json(await admin_json(session, "POST", gateway, SCALE_PATH, pools))
         progress("scaling " + ", ".join(f"{role.value} {before.wanted[role]} -> {count}"
                                         for role, count in asked.wanted.items()))
         if not wait:
             return asked
-        return await _follow(session, url, wanted=asked.wanted, timeout_s=timeout_s, progress=progress)
+        return await _follow(session, gateway, wanted=asked.wanted, timeout_s=timeout_s, progress=progress)
 
 
-async def _follow(session: aiohttp.ClientSession, url: str, *, wanted: dict[Role, int], timeout_s: float,
+async def _follow(session: aiohttp.ClientSession, gateway: GatewayTarget, *, wanted: dict[Role, int], timeout_s: float,
                   progress: Callable[[str], None]) -> Members:
     deadline_s = time.monotonic() + timeout_s
     states: dict[str, str] = {}
     while True:
-        members = Members.from_json(await admin_json(session, "GET", url))
+        members = Members.from_json(await admin_json(session, "GET", gateway, SCALE_PATH))
         now = {member.name: member.state.value for member in members.engines}
         for name in sorted(states.keys() | now.keys()):
             if states.get(name) != (state := now.get(name, "stopped")):
@@ -61,7 +62,7 @@ async def _follow(session: aiohttp.ClientSession, url: str, *, wanted: dict[Role
         if members.wanted == wanted and members.is_settled:
             return members
         if time.monotonic() > deadline_s:
-            raise StatusUnavailable(f"the pools are not as asked after {timeout_s:.0f} s: "
+            raise GatewayUnavailable(f"the pools are not as asked after {timeout_s:.0f} s: "
                                     + ", ".join(f"{name} {state}" for name, state in now.items()))
         await asyncio.sleep(POLL_S)
 

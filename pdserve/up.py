@@ -1,7 +1,8 @@
 """``pdserve up``: the whole deployment on this machine (engines + gateway) until a signal.
 
 Order: model ready -> ports free -> engines ready -> gateway up -> the gateway's warm-up request
-through both legs (NIXL handshake done before any user request) -> ready line -> supervise -> stop all.
+through both legs (NIXL handshake done before any user request) -> the gateway's address recorded in the
+run folder (gateway_address.py) -> ready line -> supervise -> stop all.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ import aiohttp
 
 from pdserve.config import Settings
 from pdserve.demo.model import build_demo_model
+from pdserve.engines.host_checks import gpu_memory_bytes
 from pdserve.engines.launcher import busy_ports
 from pdserve.engines.model_layout import ModelLayout, describe, read_layout
 from pdserve.engines.supervisor import Supervisor
 from pdserve.errors import ConfigError, EngineStartFailed
 from pdserve.gateway.server import make_gateway_server
+from pdserve.gateway_address import configured_url, forget_gateway, record_gateway
 
 READY_POLL_S = 0.1
 
@@ -36,7 +39,9 @@ async def run_up(settings: Settings, *, progress: Callable[[str], None]) -> None
     _check_ports_free(settings)
     model_path = await resolve_model(settings, progress=progress)
     layout = await resolve_layout(model_path, progress=progress)
-    supervisor = Supervisor(settings, model_path=model_path, layout=layout, progress=progress)
+    gpu_memory = await gpu_memory_bytes([settings.prefill, settings.decode])
+    supervisor = Supervisor(settings, model_path=model_path, layout=layout, progress=progress,
+                            gpu_memory_bytes=gpu_memory)
     server = make_gateway_server(settings, members=supervisor.members)
     tasks: list[asyncio.Task[None]] = []
     async with aiohttp.ClientSession() as session:
@@ -54,11 +59,13 @@ async def run_up(settings: Settings, *, progress: Callable[[str], None]) -> None
             ready = wait_ready(session, base_url, progress, timeout_s=settings.launch.ready_timeout_s)
             if not await _until_stopped(stop, ready):
                 return
+            record_gateway(settings.run_dir, url=configured_url(settings))  # `status`, `scale`, `verify` look here
             progress(ready_line(base_url, settings.model.served_name, time.monotonic() - started_s))
             tasks.append(asyncio.create_task(supervisor.keep_alive(session)))
             await _until_stopped(stop, _first_done(tasks))
         finally:
             progress("stopping gateway and engines ...")
+            forget_gateway(settings.run_dir)
             server.should_exit = True
             await supervisor.stop_all()
             for task in tasks:

@@ -14,6 +14,7 @@ from typing import Any
 
 from pdserve.deploy.rayservice import EFA_RESOURCE, GPU_RESOURCE
 from pdserve.deploy.steps import Readiness
+from pdserve.engines.start_failure import advice, root_cause
 
 # kube-scheduler's FitError: "0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector,
 # 2 Insufficient vpc.amazonaws.com/efa. preemption: ..." (pkg/scheduler/framework/types.go, FitError.Error)
@@ -122,12 +123,22 @@ def deployments_in(rayservice_status: dict[str, Any], *, states: tuple[str, ...]
 
 def cause_line(message: str) -> str:
     """The line of a Serve replica's failure message that names the cause: pdserve's own (an engine's
-    preflight, an engine that exited, with its log's last line) if there is one, else the message's last line."""
+    preflight, or an engine that exited, named with the root cause of its log and pdserve's advice) if there
+    is one, else the root cause of the traceback in the message (engines/start_failure.py), else its last line."""
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    ours = [line for line in lines if "pdserve" in line and ("preflight" in line or "exited" in line)]
-    line = (ours or lines or ["(no message)"])[-1]
-    # an engine that exited is named on its line; why it exited is its log's last line, at the end
-    return f"{line} ... {lines[-1]}" if line.endswith("exited:") and line != lines[-1] else line
+    ours = [index for index, line in enumerate(lines) if "pdserve" in line and ("preflight" in line or "exited" in line)]
+    cause = root_cause(message)
+    if not ours:
+        return _with_fix(cause.line, advice(cause)) if cause else (lines or ["(no message)"])[-1]
+    index = ours[-1]
+    line, rest = lines[index], lines[index + 1:]
+    if line.endswith(":") and rest:  # an engine that exited with no cause named: its log's end follows
+        return f"{line} ... {cause.line if cause else rest[-1]}"
+    return f"{line}\n    {rest[0]}" if rest and rest[0].startswith("fix:") else line
+
+
+def _with_fix(line: str, fix: str) -> str:
+    return f"{line}\n    fix: {fix}" if fix else line
 
 
 def pod_problems(pods: list[dict[str, Any]], *, events: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> list[PodProblem]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdserve.config import EngineSpec, KVTransferSpec, ModelSpec, PoolSpec
+from pdserve.engines.batch_size import flag_value, max_num_seqs_args
 from pdserve.engines.cpu_affinity import parse_cpu_list
 from pdserve.engines.kv_link import BufferChoice, HostLink, choose_buffer_device, libfabric_env, libfabric_provider
 from pdserve.engines.kv_path import BUFFER_NOTE, PROVIDER_NOTE
@@ -44,6 +45,7 @@ class EngineCommand:
 def build_engine_command(
     spec: EngineSpec, *, model: ModelSpec, model_path: str, layout: ModelLayout, kv: KVTransferSpec, python: str,
     host: str, cpu_bind: str, link: HostLink, otlp_traces_endpoint: str = "", compile_cache_dir: str = "",
+    gpu_memory_bytes: int | None = None,
 ) -> EngineCommand:
     """argv + env for ``spec``. ``cpu_bind`` is VLLM_CPU_OMP_THREADS_BIND for CPU engines; ``layout`` (of the
     model at ``model_path``) adds what a hybrid or multimodal model needs; ``link`` (this host's, from
@@ -51,9 +53,14 @@ def build_engine_command(
     ConfigError when the pool's settings cannot hand that model off. ``otlp_traces_endpoint`` (the
     gateway's, an OTLP/HTTP URL; empty = off) makes the engine export its request spans there too.
     ``compile_cache_dir`` (``launch.cache_dir``; empty = vLLM's own) is where vLLM keeps its compiled model.
+    ``gpu_memory_bytes`` (this host's GPU, None = unknown) bounds a hybrid model's KV cache where the pool
+    does not fix its size (engines/batch_size.py).
     """
     pool = spec.pool
     needs = engine_needs(layout, spec, dtype=model.dtype)
+    batch_args, batch_note = max_num_seqs_args(spec, shape=layout.recurrent, model=model_path, dtype=model.dtype,
+                                               block_size=engine_block_size(spec, kv),
+                                               gpu_memory_bytes=gpu_memory_bytes, weight_bytes=layout.weight_bytes)
     buffer = choose_buffer_device(kv, pool, link)
     is_cross_layer = wants_cross_layer_blocks(kv, pool, layout=layout, buffer_device=buffer.device)
     argv = [
@@ -72,6 +79,7 @@ def build_engine_command(
         *_tracing_args(otlp_traces_endpoint),
         *_cpu_executor_args(pool),
         *_gpu_memory_args(pool),
+        *batch_args,
         *pool.extra_args,
     ]
     env = {
@@ -106,7 +114,8 @@ def build_engine_command(
         env[V2_RUNNER_ENV] = "0"
     env.update(needs.env)
     env.update(pool.env)
-    return EngineCommand(argv=argv, env=env, notes=kv_notes(kv, pool, link=link, buffer=buffer, env=env))
+    notes = kv_notes(kv, pool, link=link, buffer=buffer, env=env) + ((batch_note,) if batch_note else ())
+    return EngineCommand(argv=argv, env=env, notes=notes)
 
 
 def kv_notes(
@@ -162,12 +171,25 @@ def _tracing_args(otlp_traces_endpoint: str) -> list[str]:
     return ["--otlp-traces-endpoint", otlp_traces_endpoint] if otlp_traces_endpoint else []
 
 
+# vLLM-CPU's own block size where none is asked for (vllm/platforms/cpu.py, check_and_update_config).
+CPU_BLOCK_SIZE = 128
+
+
 def _block_size_args(spec: EngineSpec, kv: KVTransferSpec) -> list[str]:
     """``--block-size`` unless the engine's extra_args already set it."""
-    if "--block-size" in spec.pool.extra_args:
+    if flag_value(spec.pool.extra_args, "--block-size") is not None:
         return []
     block_size = kv.block_size or (GPU_BLOCK_SIZE if spec.pool.device == "cuda" else None)
     return [] if block_size is None else ["--block-size", str(block_size)]
+
+
+def engine_block_size(spec: EngineSpec, kv: KVTransferSpec) -> int:
+    """The attention block size the engine runs with: extra_args', kv.block_size, else pdserve's GPU
+    default or vLLM-CPU's."""
+    given = flag_value(spec.pool.extra_args, "--block-size")
+    if given is not None and given.isdigit():
+        return int(given)
+    return kv.block_size or (GPU_BLOCK_SIZE if spec.pool.device == "cuda" else CPU_BLOCK_SIZE)
 
 
 def kv_transfer_config(

@@ -123,6 +123,17 @@ async def read_gpu_memory_mib(*, timeout_s: float = PROBE_TIMEOUT_S) -> int:
     return max(sizes)
 
 
+async def gpu_memory_bytes(pools: Sequence[PoolSpec]) -> int | None:
+    """This host's GPU memory where one of ``pools`` runs on GPUs and nvidia-smi says; None otherwise
+    (engines/batch_size.py then sizes no hybrid batch from it)."""
+    if not any(pool.device == "cuda" for pool in pools):
+        return None
+    try:
+        return await read_gpu_memory_mib() * MIB
+    except EngineStartFailed:
+        return None
+
+
 async def memlock_check(pool: PoolSpec, *, kv: KVTransferSpec, link: HostLink, limit_bytes: int | None) -> str | None:
     """Whether the memlock limit holds what an efa engine pins: its staging buffer (KV in host memory)
     or, with GPUDirect RDMA, only libfabric's own pools. GPU memory is registered through dma-buf or

@@ -25,11 +25,16 @@ from pdserve.config import EngineSpec
 from pdserve.engines.command import COMPILE_CACHE_ENV, CPU_BIND_ENV, DEFAULT_COMPILE_CACHE, EngineCommand
 from pdserve.engines.cpu_affinity import confine_engine, parse_cpu_list
 from pdserve.engines.kv_path import NOTE_PREFIX
+from pdserve.engines.start_failure import describe_failure
 from pdserve.engines.start_phase import COMPILING, PhaseChange, StartPhaseLog
 from pdserve.errors import EngineStartFailed
 
 _PR_SET_PDEATHSIG = 1
 PROGRESS_EVERY_S = 10.0
+START_MARKER = "\n=== pdserve: starting "  # opens each start's part of the log, which restarts append to
+# How much of a log's end is searched for the root cause: a failed GPU start's tracebacks (the engine core's
+# twice, then the API server's) and what vLLM logs while it shuts down fit many times over.
+CAUSE_SEARCH_BYTES = 1 << 20
 
 
 def _prepare_child(cores: set[int]) -> None:
@@ -65,7 +70,7 @@ class EngineProcess:
     async def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = self.log_path.open("ab")
-        self._log_file.write(f"\n=== pdserve: starting {self.spec.name}: {' '.join(self.command.argv)}\n".encode())
+        self._log_file.write(f"{START_MARKER}{self.spec.name}: {' '.join(self.command.argv)}\n".encode())
         self._log_file.write("".join(f"{NOTE_PREFIX}{note}\n" for note in self.command.notes).encode())
         self._log_file.flush()
         self._process = await asyncio.create_subprocess_exec(
@@ -96,10 +101,10 @@ class EngineProcess:
         url = f"{self.spec.base_url}/health"
         while True:
             if not self.is_running:
-                raise EngineStartFailed(f"{self.spec.name} exited during start-up:\n{self.log_tail()}")
+                raise EngineStartFailed(self.failure("exited during start-up"))
             waited_s = time.monotonic() - started_s
             if waited_s > timeout_s:
-                raise EngineStartFailed(f"{self.spec.name} not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
+                raise EngineStartFailed(self.failure(f"not ready after {timeout_s:.0f} s"))
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 async with session.get(url, timeout=aiohttp.ClientTimeout(total=2.0)) as reply:
                     if reply.status == 200:
@@ -133,6 +138,23 @@ class EngineProcess:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
+
+    def failure(self, what: str) -> str:
+        """An error message: ``what`` happened to this engine, then the root cause in its log (the exception
+        vLLM's "See root cause above" points to) with pdserve's advice, then the log's path and last lines."""
+        cause = describe_failure(self.log_text())
+        head = f"{self.spec.name} {what}" + (f": {cause}" if cause else "")
+        return f"{head}\n  log {self.log_path}, its last lines:\n{self.log_tail()}"
+
+    def log_text(self) -> str:
+        """The end of the log written since this engine last started (at most CAUSE_SEARCH_BYTES)."""
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(max(0, log.seek(0, os.SEEK_END) - CAUSE_SEARCH_BYTES))
+                text = log.read().decode(errors="replace")
+        except OSError:
+            return ""
+        return text.rsplit(START_MARKER, 1)[-1]
 
     def log_tail(self, lines: int = 15) -> str:
         try:

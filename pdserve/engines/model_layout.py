@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -53,9 +53,32 @@ RECURRENT_ARCHITECTURES = GATED_DELTANET_ARCHITECTURES | frozenset({
 RECURRENT_LAYER_TYPES = frozenset({"linear_attention", "mamba", "conv"})
 
 
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+# Qwen3.5's config sets the recurrent state's dtype; vLLM uses it where --mamba-ssm-cache-dtype is auto
+# (vllm/model_executor/models/config.py, Qwen3_5ForConditionalGenerationConfig). Other Gated DeltaNet models
+# keep their state in the model's dtype (MambaStateDtypeCalculator._mamba_state_dtype).
+SSM_DTYPE_FROM_CONFIG = frozenset({"Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"})
+
+
 class Layout(StrEnum):
     ATTENTION = "attention"  # every layer keeps a KV cache (dense, sliding window, MLA)
     HYBRID = "hybrid"  # some layers keep recurrent state per request instead
+
+
+@dataclass(frozen=True, slots=True)
+class RecurrentShape:
+    """A Gated DeltaNet model's cache as vLLM shapes it, in values (not bytes), read from config.json: each
+    linear-attention layer keeps a conv and a temporal state per sequence, each attention layer K and V per
+    token (vllm/model_executor/layers/mamba/mamba_utils.py, gated_delta_net_state_shape)."""
+
+    conv_values: int  # (key_dim x key_heads x 2 + value_dim x value_heads) x (conv kernel - 1)
+    temporal_values: int  # value_heads x value_dim x key_dim
+    temporal_dtype: str  # the config's mamba_ssm_dtype where vLLM uses it; '' = the model's dtype
+    attention_token_values: int  # K and V of one token in one attention layer: 2 x kv_heads x head_dim
+    kv_heads: int
+    linear_layers: int
+    attention_layers: int
+    config_dtype: str  # torch_dtype: what model.dtype auto serves
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +88,8 @@ class ModelLayout:
     evidence: str  # what in config.json decided ``layout``
     is_gated_deltanet: bool = False
     has_vision_tower: bool = False
+    recurrent: RecurrentShape | None = None  # for Gated DeltaNet models: what sizes their batch (engines/batch_size.py)
+    weight_bytes: int | None = None  # the checkpoint's size where read_layout found it (its safetensors)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +119,33 @@ def detect_layout(config: Mapping[str, Any], *, model: str) -> ModelLayout:
         evidence=evidence or f"{architecture}: attention layers only",
         is_gated_deltanet=architecture in GATED_DELTANET_ARCHITECTURES,
         has_vision_tower=isinstance(config.get("vision_config"), Mapping),
+        recurrent=recurrent_shape(text, architecture=architecture) if architecture in GATED_DELTANET_ARCHITECTURES
+        else None,
+    )
+
+
+def recurrent_shape(text: Mapping[str, Any], *, architecture: str) -> RecurrentShape | None:
+    """The cache shape of a Gated DeltaNet model's text config; None when a field vLLM reads is missing."""
+    try:
+        key_heads, value_heads = int(text["linear_num_key_heads"]), int(text["linear_num_value_heads"])
+        key_dim, value_dim = int(text["linear_key_head_dim"]), int(text["linear_value_head_dim"])
+        conv_kernel, kv_heads, head_dim = int(text["linear_conv_kernel_dim"]), int(text["num_key_value_heads"]), int(
+            text.get("head_dim") or int(text["hidden_size"]) // int(text["num_attention_heads"]))
+        layers = int(text["num_hidden_layers"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    layer_types = text.get("layer_types")
+    if isinstance(layer_types, list):
+        linear = sum(kind == "linear_attention" for kind in layer_types)
+    else:  # Qwen3-Next before layer_types: every full_attention_interval-th layer is attention
+        interval = int(text.get("full_attention_interval") or 4)
+        linear = layers - layers // interval
+    ssm_dtype = text.get("mamba_ssm_dtype") if architecture in SSM_DTYPE_FROM_CONFIG else None
+    return RecurrentShape(
+        conv_values=(key_dim * key_heads * 2 + value_dim * value_heads) * (conv_kernel - 1),
+        temporal_values=value_heads * value_dim * key_dim, temporal_dtype=str(ssm_dtype or ""),
+        attention_token_values=2 * kv_heads * head_dim, kv_heads=kv_heads, linear_layers=linear,
+        attention_layers=layers - linear, config_dtype=str(text.get("torch_dtype") or text.get("dtype") or "bfloat16"),
     )
 
 
@@ -151,28 +203,42 @@ def read_layout(model_path: str) -> ModelLayout:
     Raises ConfigError when config.json cannot be read or the model cannot be handed off.
     """
     try:
-        config = json.loads(_config_file(model_path).read_text(encoding="utf-8"))
+        config = json.loads(_model_file(model_path, "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read config.json of model {model_path}: {exc}") from exc
     if not isinstance(config, dict):
         raise ConfigError(f"config.json of model {model_path} does not hold a JSON object")
-    return detect_layout(config, model=model_path)
+    return replace(detect_layout(config, model=model_path), weight_bytes=read_weight_bytes(model_path))
 
 
-def _config_file(model_path: str) -> Path:
+def read_weight_bytes(model_path: str) -> int | None:
+    """The checkpoint's bytes: its safetensors index's metadata.total_size (from a local folder, or for a Hub
+    id as config.json is fetched), else a local folder's safetensors files; None when neither says (a shape
+    folder without weights, a single-file Hub model)."""
+    try:
+        index = json.loads(_model_file(model_path, SAFETENSORS_INDEX).read_text(encoding="utf-8"))
+        return int(index["metadata"]["total_size"])
+    except (ConfigError, OSError, ValueError, KeyError, TypeError):
+        folder = Path(model_path).expanduser()
+        sizes = [path.stat().st_size for path in folder.glob("*.safetensors")] if folder.is_dir() else []
+        return sum(sizes) if sizes else None
+
+
+def _model_file(model_path: str, name: str) -> Path:
+    """File ``name`` of the model: in its local folder, or from the Hugging Face Hub (its cache first)."""
     folder = Path(model_path).expanduser()
     if folder.is_dir() or model_path.startswith(("/", ".", "~")):
-        return folder / "config.json"
+        return folder / name
     try:
         from huggingface_hub import hf_hub_download  # vLLM's dependency; only Hub ids need it
         from huggingface_hub.errors import EntryNotFoundError
     except ImportError as exc:
-        raise ConfigError(f"model {model_path} is no local folder, and reading its config.json from the "
+        raise ConfigError(f"model {model_path} is no local folder, and reading its {name} from the "
                           "Hugging Face Hub needs huggingface_hub (vLLM installs it)") from exc
     try:
-        return Path(hf_hub_download(model_path, "config.json"))
+        return Path(hf_hub_download(model_path, name))
     except EntryNotFoundError as exc:
-        raise ConfigError(f"model {model_path} has no config.json on the Hugging Face Hub") from exc
+        raise ConfigError(f"model {model_path} has no {name} on the Hugging Face Hub") from exc
 
 
 def _architecture(config: Mapping[str, Any]) -> str:

@@ -35,11 +35,13 @@ SCALE_LOOK_INTERVAL_S = 0.25  # how often a scale request is looked for
 
 class Supervisor:
     def __init__(
-        self, settings: Settings, *, model_path: str, layout: ModelLayout, progress: Callable[[str], None]
+        self, settings: Settings, *, model_path: str, layout: ModelLayout, progress: Callable[[str], None],
+        gpu_memory_bytes: int | None = None,
     ) -> None:
         """Plans every engine's command, so a model the pools cannot hand off is refused (ConfigError)
-        before any engine starts."""
-        self._settings, self._progress = settings, progress
+        before any engine starts. ``gpu_memory_bytes``: this host's GPU (None = unknown), which bounds a
+        hybrid model's batch (engines/batch_size.py)."""
+        self._settings, self._progress, self._gpu_memory_bytes = settings, progress, gpu_memory_bytes
         self._model_path, self._layout, self._link = model_path, layout, probe_host_link()
         self._stopping = False
         specs = settings.engine_specs()
@@ -106,11 +108,11 @@ class Supervisor:
                 return
             restarts = self._restarts.get(name, 0)
             if restarts >= launch.max_restarts:
-                raise EngineStartFailed(f"{name} died (exit {code}) {restarts} times; giving up:\n{engine.log_tail()}")
+                raise EngineStartFailed(engine.failure(f"died (exit {code}) {restarts} times; giving up"))
             delay_s = launch.restart_backoff_s * 2 ** restarts
             self._restarts[name] = restarts + 1
-            log.error("%s DIED with exit code %s; restart %d/%d in %.0f s. Log tail:\n%s",
-                      name, code, restarts + 1, launch.max_restarts, delay_s, engine.log_tail())
+            log.error("%s", engine.failure(f"DIED with exit code {code}; restart {restarts + 1}/"
+                                           f"{launch.max_restarts} in {delay_s:.0f} s"))
             await asyncio.sleep(delay_s)
             await engine.stop()
             await engine.start()
@@ -209,6 +211,7 @@ class Supervisor:
             python=settings.launch.python or sys.executable, host=settings.launch.engine_host,
             cpu_bind=spec.cpu_threads_bind or cpu_bind, link=self._link,
             otlp_traces_endpoint=settings.gateway.otlp_traces_endpoint, compile_cache_dir=settings.launch.cache_dir,
+            gpu_memory_bytes=self._gpu_memory_bytes,
         )
         if self.mps is not None and self.mps.serves(spec):
             command = replace(command, env=command.env | self.mps.env)

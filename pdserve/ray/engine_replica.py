@@ -30,7 +30,7 @@ from ray.serve.exceptions import RayServeException
 from pdserve.config import EngineSpec, Settings, parse_settings
 from pdserve.engines.command import build_engine_command, split_cpus
 from pdserve.engines.drain import read_load, wait_until_idle
-from pdserve.engines.host_checks import check_engine_host, read_memlock_limit
+from pdserve.engines.host_checks import check_engine_host, gpu_memory_bytes, read_memlock_limit
 from pdserve.engines.kv_link import probe_host_link
 from pdserve.engines.kv_path import KvPathLog
 from pdserve.engines.launcher import EngineProcess, bring_up
@@ -71,6 +71,7 @@ class EngineReplica:
             python=python, host=self._spec.host, cpu_bind=cpu_bind,
             link=link, otlp_traces_endpoint=settings.gateway.otlp_traces_endpoint,
             compile_cache_dir=settings.launch.cache_dir,
+            gpu_memory_bytes=await gpu_memory_bytes([self._spec.pool]),
         )
         # Fails the replica with one PREFLIGHT_PREFIX line (Serve's message, `cloud status`) before vLLM runs.
         checked = await check_engine_host(self._spec.pool, kv=settings.kv, env=command.env, link=link, python=python,
@@ -99,9 +100,9 @@ class EngineReplica:
         Serve then replaces this replica. Registration runs beside it, so a busy
         registry never fails an engine's health check."""
         if not self._engine.is_running:
-            tail = self._engine.log_tail()
+            failure = self._engine.failure("exited")
             await self._engine.stop()  # its EngineCore and workers outlive a killed API server otherwise
-            raise EngineStartFailed(f"{self._spec.name} exited:\n{tail}")
+            raise EngineStartFailed(failure)
         problem = await probe(self._session, self._spec.base_url, timeout_s=self._health_timeout_s)
         verdict = self._unanswered.verdict(problem, now_s=time.monotonic())
         if verdict is not None:

@@ -13,6 +13,8 @@ from typing import Any
 
 import aiohttp
 
+from pdserve.access import admin_key_needed
+from pdserve.errors import GatewayUnavailable
 from pdserve.pd.engine_http import EngineClient
 from pdserve.pd.pair import COMPLETIONS, send_through_pair
 from pdserve.pd.transfer_stats import TransferCounters, fetch_counters
@@ -63,6 +65,8 @@ async def greedy_token_ids(
             "temperature": 0, "ignore_eos": True, "return_token_ids": True}
     async with session.post(gateway_url + COMPLETIONS, json=body, headers={PD_MODE_HEADER: mode.value},
                             timeout=aiohttp.ClientTimeout(total=timeout_s)) as reply:
+        if reply.status == 401:  # API keys are set: the probe goes through with the admin key (`pdserve status`'s)
+            raise GatewayUnavailable(admin_key_needed(gateway_url + COMPLETIONS))
         reply.raise_for_status()
         token_ids: list[int] = (await reply.json())["choices"][0]["token_ids"]
         return token_ids

@@ -17,10 +17,12 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from pdserve.access import load_access_keys
+from pdserve.access import admin_key_needed, load_access_keys
 from pdserve.config import Settings
 from pdserve.engines.kv_link import is_efa_asked
 from pdserve.engines.kv_path import KvPath, kv_path_from_log
+from pdserve.errors import GatewayUnavailable
+from pdserve.gateway_address import GatewayTarget, unreachable
 from pdserve.pd.engine_http import EngineClient
 from pdserve.role import Role
 from pdserve.verify import microbench
@@ -61,12 +63,13 @@ class Engine:
 
 
 async def verify(
-    settings: Settings, *, gateway_url: str | None, min_fraction: float, expected_gbps: float | None,
+    settings: Settings, *, gateway: GatewayTarget | None, min_fraction: float, expected_gbps: float | None,
     prompt_tokens: int | None, probes: int = 3, slack_ms: float | None = None, timeout_s: float = 120.0,
 ) -> list[PairReport]:
     """Probe each (prefill, decode) pair ``probes`` times and judge the fastest handoff: bandwidth is
     what the path can do, and one probe can land on a scheduling hiccup of a busy host. Raises
-    LegFailed or aiohttp.ClientError if an engine is unreachable.
+    LegFailed or aiohttp.ClientError if an engine is unreachable, GatewayUnavailable if the gateway is
+    (or refuses the probes for want of the admin key).
 
     The engines are those the gateway routes to, wherever they run (another node of a Ray
     cluster too); without a gateway, the configured ones.
@@ -76,9 +79,9 @@ async def verify(
     try:
         # The admin key lets /health list the engines and completions through; engines ignore it.
         async with aiohttp.ClientSession(headers=load_access_keys(settings.gateway).headers()) as session:
-            engines = await _engines(session, settings, gateway_url)
+            engines = await _engines(session, settings, gateway)
             pairs = [(prefill, decode) for prefill in engines[Role.PREFILL] for decode in engines[Role.DECODE]]
-            is_equal = await _pd_equals_local(session, gateway_url, settings, timeout_s) if gateway_url else None
+            is_equal = await _pd_equals_local(session, gateway.url, settings, timeout_s) if gateway else None
             fastest = [await _fastest_probe(session, client, settings, prefill_url=prefill.url, decode_url=decode.url,
                                             prompt_tokens=tokens, probes=probes, timeout_s=timeout_s)
                        for prefill, decode in pairs]
@@ -109,15 +112,22 @@ async def verify(
     return reports
 
 
-async def _engines(session: aiohttp.ClientSession, settings: Settings, gateway_url: str | None) -> dict[Role, list[Engine]]:
+async def _engines(session: aiohttp.ClientSession, settings: Settings, gateway: GatewayTarget | None
+                   ) -> dict[Role, list[Engine]]:
     """The gateway's engines with the KV path each reported, else the configured ones; an engine
     that reported nothing is looked up in this host's engine logs."""
     local_logs = {spec.base_url: settings.engine_log_dir / f"{spec.name}.log" for spec in settings.engine_specs()}
     listed: dict[str, list[dict[str, Any]]] = {
         role.value: [{"url": url} for url in settings.endpoint_urls(role)] for role in Role}
-    if gateway_url:
-        async with session.get(f"{gateway_url}/health", timeout=aiohttp.ClientTimeout(total=30)) as reply:
-            listed = (await reply.json()).get("engines") or listed  # 503 (degraded) still lists them
+    if gateway:
+        try:
+            async with session.get(f"{gateway.url}/health", timeout=aiohttp.ClientTimeout(total=30)) as reply:
+                health = await reply.json()  # 503 (degraded) still lists the engines
+        except aiohttp.ClientConnectorError as exc:
+            raise unreachable(gateway, exc.strerror or type(exc).__name__) from exc
+        if "engines" not in health:  # listed to the admin only, once any key is set (gateway/app.py)
+            raise GatewayUnavailable(admin_key_needed(f"{gateway.url}/health"))
+        listed = health["engines"]
     engines: dict[Role, list[Engine]] = {}
     for role in Role:
         engines[role] = []

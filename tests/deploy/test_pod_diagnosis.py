@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import Any
 
 from pdserve.deploy.pod_diagnosis import cause_line, diagnose
+from pdserve.engines.start_failure import describe_failure
+from tests.engines.test_start_failure import STAND_IN
 
 FIT_ERROR = ("0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, 2 Insufficient "
              "vpc.amazonaws.com/efa. preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling.")
@@ -122,3 +126,19 @@ def test_a_pod_kept_off_nodes_still_coming_up_is_waited_for() -> None:
     assert look(rayservice(), pending_pod("decode-0", coming_up), node("gpu-a")).blocker == ""
     lasting = coming_up.replace("node.kubernetes.io/not-ready", "dedicated")
     assert "tolerates the pod" in look(rayservice(), pending_pod("decode-0", lasting), node("gpu-a")).blocker
+
+
+def test_an_engine_that_failed_to_start_shows_its_root_cause_and_pdserves_fix() -> None:
+    """Serve's message holds the replica's exception: pdserve's line names the root cause of the engine's log
+    (engines/start_failure.py) and the fix follows; a raw vLLM traceback gives its root cause, not the
+    "See root cause above" line that ends it."""
+    vllm_log = subprocess.run([sys.executable, str(STAND_IN), "host-buffer"], capture_output=True, text=True,
+                              check=False).stdout
+    ours = (f"The deployment failed to start 3 times in a row.\nTraceback (most recent call last):\n  ...\n"
+            f"pdserve.errors.EngineStartFailed: prefill-0 exited during start-up: {describe_failure(vllm_log)}\n"
+            f"  log /tmp/pdserve/logs/prefill-0.log, its last lines:\n{vllm_log}")
+    line, fix = cause_line(ours).splitlines()
+    assert line.startswith("pdserve.errors.EngineStartFailed: prefill-0 exited during start-up: AttributeError: "
+                           "'list' object has no attribute 'shape' (in initialize_host_xfer_buffer")
+    assert fix.strip().startswith("fix: ") and "kv.buffer_device: cuda" in fix
+    assert cause_line(vllm_log).startswith("AttributeError: 'list' object has no attribute 'shape'")
