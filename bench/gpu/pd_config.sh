@@ -1,6 +1,7 @@
 # Sourced by the GPU scripts: writes a model folder of SHAPE (qwen3-8b or qwen3.5-9b; /tmp/SHAPE, no weights:
 # the engines run with --load-format dummy) and the pdserve config CONFIG (/tmp/pd.yaml) for PREFILL_GPU,
-# DECODE_GPU, MEM (GPU memory share; l4: an L4's, bench/gpu/l4_share.sh), KV_BYTES (KV cache per engine; default 32 GiB), MAX_LEN (max_model_len;
+# DECODE_GPU, MEM (GPU memory share; l4: an L4's, bench/gpu/l4_share.sh), KV_BYTES (KV cache per engine; default 32 GiB;
+# none: what the memory share leaves, as vLLM sizes it), MAX_LEN (max_model_len;
 # default 8192), EAGER (1: the reference's enforce_eager, no CUDA graphs), COMPILE (vllm: vLLM's default compilation), MPS (auto, on, off), KV_BLOCK (tokens per KV block; unset: pdserve's GPU
 # default, 128), KV_BUFFER (auto, cpu, cuda), CROSS_LAYER (kv.cross_layer_blocks: auto, on, off), ENGINE_ENV (a YAML mapping of extra engine environment, applied
 # last), PREFILL_ARGS / DECODE_ARGS (extra vLLM args of one pool, as JSON list items: '"--flag", "value"'),
@@ -18,7 +19,8 @@ python3 -m pdserve demo-model $MODEL_DIR --shape $SHAPE || return 1
 # A fixed KV cache per engine (KV_BYTES, 32 GiB); unless COMPILE=vllm (vLLM's own torch.compile and CUDA graphs)
 # or EAGER=1 (neither), no torch.compile and full CUDA graphs for decode batches up to 256.
 # pdserve adds --block-size 128 to GPU engines itself, and starts CUDA MPS when both share a GPU.
-ENGINE='"--load-format", "dummy", "--gpu-memory-utilization", "'$MEM'", "--kv-cache-memory-bytes", "'${KV_BYTES:-34359738368}'"'
+ENGINE='"--load-format", "dummy", "--gpu-memory-utilization", "'$MEM'"'
+[ "${KV_BYTES:-}" = none ] || ENGINE="$ENGINE"', "--kv-cache-memory-bytes", "'${KV_BYTES:-34359738368}'"'
 if [ "${EAGER:-0}" = 1 ]; then ENGINE="$ENGINE"', "--enforce-eager"'
 elif [ "${COMPILE:-}" != vllm ]; then ENGINE="$ENGINE"', "--compilation-config",
   "{\"mode\":0,\"cudagraph_mode\":\"FULL_DECODE_ONLY\",\"cudagraph_capture_sizes\":[1,2,4,8,16,24,32,48,64,96,128,192,256]}"'; fi

@@ -2,10 +2,10 @@
 # The reference's own engines on one GPU (Qwen3.5-9B shape, dummy weights, max_model_len 4096, enforce_eager,
 # bf16, each engine held to an L4's 0.90 x 24 GB), from the repo root with the vLLM stage in /tmp/site:
 # `pdserve up` and RUNS `pdserve verify` with the KV staged in host memory (as pdserve runs g6 nodes), then the
-# same with the KV buffer in GPU memory, for its GB/s beside. KV_BYTES: KV cache per engine (3 GiB: what an
-# L4 leaves beside the weights). Everything lands in $OUT/reference-case.tgz and $OUT/*.txt.
+# same with the KV buffer in GPU memory, for its GB/s beside. KV_BYTES: KV cache per engine (none, the default:
+# what the L4's share leaves beside the weights, as vLLM sizes it; pdserve sizes --max-num-seqs itself). Everything lands in $OUT/reference-case.tgz and $OUT/*.txt.
 set -u
-RUNS=${RUNS:-3} KV_BYTES=${KV_BYTES:-3221225472}
+RUNS=${RUNS:-3} KV_BYTES=${KV_BYTES:-none}
 FINAL_OUT=$OUT
 for buffer in ${BUFFERS:-cpu cuda}; do
   mkdir -p /tmp/reference-case/$buffer

@@ -72,8 +72,9 @@ _ADVICE = (
      "fits (pdserve sizes it itself where it knows the KV cache size: kv_cache_gib on CPU; on GPU "
      "--kv-cache-memory-bytes, or the GPU's share less the weights) or more KV cache memory")),
     ("initialize_host_xfer_buffer",
-     ("vLLM's NixlConnector could not stage this model's KV cache in host memory (a hybrid model's cache is a "
-     "list of state tensors per layer group): set kv.buffer_device: cuda")),
+     ("vLLM's own NixlConnector cannot stage a hybrid model's KV cache in host memory (its cache is a list of "
+     "state tensors per layer group); pdserve's engines load pdserve_vllm.hybrid_connector for it, so an engine "
+     "that fails here was started with another kv_connector_module_path: drop it, or set kv.buffer_device: cuda")),
     ("less than desired GPU memory utilization",
      "engines sharing a GPU each ask for their gpu_memory_utilization of the whole GPU: keep their sum below 1"),
     ("OutOfMemoryError",
