@@ -42,6 +42,8 @@ def engine(name: str, *, model_dir: str, served_name: str, args: argparse.Namesp
         "runtime_env": {"env_vars": {"VLLM_RAY_PER_WORKER_GPUS": str(GPU_SHARE), "VLLM_DISABLE_COMPILE_CACHE": "1",
                                      "UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "y"}},
     }
+    if args.language_model_only:
+        config["engine_kwargs"]["language_model_only"] = True
     if args.gdn_prefill_backend:
         config["engine_kwargs"]["gdn_prefill_backend"] = args.gdn_prefill_backend
     if args.batching_interval_ms is not None:
@@ -59,6 +61,8 @@ def main() -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.4)
     parser.add_argument("--kv-bytes", type=int, default=32 * 2**30)
     parser.add_argument("--eager", action="store_true", help="enforce_eager, as the reference's article sets it")
+    parser.add_argument("--language-model-only", action="store_true",
+                        help="serve a multimodal checkpoint's text model only, as pdserve does (model_layout.py)")
     parser.add_argument("--gdn-prefill-backend", default="",
                         help="a hybrid's GDN prefill kernel; triton on Hopper, where vLLM 0.26's default is missing "
                              "(pdserve/engines/model_layout.py)")

@@ -15,17 +15,18 @@
 #   the gateway's and engines' counters around each (ttft-N/metrics-*.txt, for bench/gpu/ttft_split.py).
 # CASE=reference runs the reference's own case instead: Qwen3.5-9B shape, max_model_len 4096, enforce_eager, 3 GiB of
 # KV cache and an L4's share of the GPU per engine (bench/gpu/l4_share.sh), inter-token SLO 100 ms; REF_BATCHING_MS
-# sets the reference's stream_batching_interval_ms (its docs' own knob; unset: Ray's 50 ms), KV_BUFFER pdserve's.
+# sets the reference's stream_batching_interval_ms (its docs' own knob; unset: Ray's 50 ms), KV_BUFFER pdserve's. Both
+# serve the text model only (the dummy folder has no image processor) and chat has 3 turns (a 4th passes 4096 tokens).
 # Everything lands in $OUT/side-by-side-$SYSTEM.tgz (bench/, the KV transfer rate from the decode engine's own
 # NIXL histograms, bench/gpu/kv_rate.py, ready.txt, logs); needs the vLLM stage in /tmp/site (../shared/gpu/README.md).
 set -u
 SYSTEM=${SYSTEM:?reference or pdserve} RATE=${RATE-2,4,6,8} CHAT_RATE=${CHAT_RATE:-} LOAD_S=${LOAD_S:-20}
 RUNS=${RUNS:-0} DIRECT_RATE=${DIRECT_RATE:-2} DIRECT_S=${DIRECT_S:-30} DEADLINE_S=${DEADLINE_S:-570}
-SHAPE=qwen3-8b MODEL_DIR=/tmp/q8b ITL_SLO_MS=50 REF_ARGS=""
+SHAPE=qwen3-8b MODEL_DIR=/tmp/q8b ITL_SLO_MS=50 REF_ARGS="" TURNS=4
 if [ "${CASE:-}" = reference ]; then
-  SHAPE=qwen3.5-9b MODEL_DIR=/tmp/qwen3.5-9b ITL_SLO_MS=100 EAGER=1 MAX_LEN=4096 KV_BYTES=3221225472 MEM=l4
+  SHAPE=qwen3.5-9b MODEL_DIR=/tmp/qwen3.5-9b ITL_SLO_MS=100 EAGER=1 MAX_LEN=4096 KV_BYTES=3221225472 MEM=l4 TURNS=3
   source bench/gpu/l4_share.sh
-  REF_ARGS="--max-model-len 4096 --eager --kv-bytes 3221225472 --gpu-memory-utilization $L4_SHARE --gdn-prefill-backend triton"
+  REF_ARGS="--max-model-len 4096 --eager --kv-bytes 3221225472 --gpu-memory-utilization $L4_SHARE --gdn-prefill-backend triton --language-model-only"
 fi
 [ -n "${REF_BATCHING_MS:-}" ] && REF_ARGS="$REF_ARGS --batching-interval-ms $REF_BATCHING_MS"
 D=/tmp/side-by-side-$SYSTEM; rm -rf $D; mkdir -p $D
@@ -48,7 +49,7 @@ levels_s() { echo $(( $(echo "$1" | tr ',' '\n' | grep -c .) * (LOAD_S + 20) ));
 sweeps() {  # NAME URL: the synthetic sweep, then the chat sweep
   [ -z "$RATE" ] || bench "$(levels_s "$RATE")" "$1" "$2" bench --input-tokens 3072 --rate "$RATE"
   [ -z "$CHAT_RATE" ] || bench "$(levels_s "$CHAT_RATE")" "$1" "$2" chat --workload chat --prefix-tokens 2048 \
-    --input-tokens 256 --turns 4 --rate "$CHAT_RATE"
+    --input-tokens 256 --turns $TURNS --rate "$CHAT_RATE"
 }
 case $SYSTEM in
 reference)
