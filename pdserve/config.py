@@ -57,6 +57,11 @@ class PlacementSpec(FrozenSpec):
         "EFA interfaces per engine (vpc.amazonaws.com/efa); > 0 moves KV over NIXL's LIBFABRIC backend"))
 
 
+# vLLM flags that rule out pdserve's logits processor, and those that parse chat output (vLLM 0.32's CLI).
+_NO_FIRST_TOKEN_FLAGS = ("--logits-processors", "--speculative-config")
+_CHAT_PARSER_FLAGS = ("--reasoning-parser", "--tool-call-parser", "--enable-auto-tool-choice")
+
+
 class PoolSpec(FrozenSpec):
     """One pool of engines of the same role (prefill or decode)."""
 
@@ -91,6 +96,20 @@ class PoolSpec(FrozenSpec):
             if parts.scheme != "http" or not parts.hostname or parts.path.strip("/") or parts.query:
                 raise ValueError(f"{url!r} is not of the form http://host:port")
         return [url.rstrip("/") for url in urls]
+
+    @property
+    def forces_first_token(self) -> bool:
+        """Whether this pool's engines start a request with a token it is given (pdserve_vllm/first_token.py):
+        pdserve launches them with that logits processor, unless its extra_args load logits processors of their
+        own or speculative decoding (vLLM refuses custom logits processors with it: build_logitsprocs, 0.32).
+        Engines pdserve does not launch (urls) are not known to."""
+        return not self.urls and not any(
+            arg == flag or arg.startswith(f"{flag}=") for arg in self.extra_args for flag in _NO_FIRST_TOKEN_FLAGS)
+
+    @property
+    def parses_chat(self) -> bool:
+        """Whether its engines run a reasoning or tool-call parser over chat output (extra_args)."""
+        return any(arg == flag or arg.startswith(f"{flag}=") for arg in self.extra_args for flag in _CHAT_PARSER_FLAGS)
 
     @model_validator(mode="after")
     def _check_gpus(self) -> PoolSpec:
