@@ -86,6 +86,12 @@ class PoolSpec(FrozenSpec):
     env: dict[str, str] = Field(default_factory=dict, description="extra engine env vars")
     urls: list[str] = Field(default_factory=list, description="already-running engines, http://host:port")
     placement: PlacementSpec = PlacementSpec()
+    first_token_processor: bool | None = Field(None, description=(
+        "whether the engines load pdserve's first-token logits processor (pdserve_vllm/first_token.py), with which "
+        "a decode engine carries on from the prefill engine's token (chat; completions with stop strings, "
+        "penalties or a seed); null = the engines pdserve launches do unless extra_args name --logits-processors "
+        "or --speculative-config, engines at urls do not (true: they were started with --logits-processors "
+        "pdserve_vllm.first_token:FirstTokenProcessor)"))
 
     @field_validator("urls")
     @classmethod
@@ -100,9 +106,11 @@ class PoolSpec(FrozenSpec):
     @property
     def forces_first_token(self) -> bool:
         """Whether this pool's engines start a request with a token it is given (pdserve_vllm/first_token.py):
-        pdserve launches them with that logits processor, unless its extra_args load logits processors of their
-        own or speculative decoding (vLLM refuses custom logits processors with it: build_logitsprocs, 0.32).
-        Engines pdserve does not launch (urls) are not known to."""
+        as ``first_token_processor`` says, else pdserve launches them with that logits processor unless their
+        extra_args load logits processors of their own or speculative decoding (vLLM refuses custom logits
+        processors with it: build_logitsprocs, 0.32); engines it does not launch (urls) are not known to."""
+        if self.first_token_processor is not None:
+            return self.first_token_processor
         return not self.urls and not any(
             arg == flag or arg.startswith(f"{flag}=") for arg in self.extra_args for flag in _NO_FIRST_TOKEN_FLAGS)
 

@@ -64,7 +64,7 @@ async def test_the_client_gets_the_prefill_engines_token_first_and_the_decode_en
     assert decode_body["prompt"] == [*PROMPT_FILLING_TWO_BLOCKS, FIRST_TOKEN_ID] and decode_body["max_tokens"] == 4
     # 33 tokens need a third block: the last remote one is named twice (the recomputed slot is the only one used).
     assert decode_body["kv_transfer_params"]["remote_block_ids"] == [3, 4, 4]
-    assert "pdserve_prefill_first_tokens_total 1.0" in metrics
+    assert 'pdserve_first_tokens_total{reason="eligible",route="/v1/completions",source="prefill"} 1.0' in metrics
 
 
 async def test_blocks_are_passed_as_they_are_when_the_first_token_fits_and_refused_when_they_do_not_match() -> None:
