@@ -284,9 +284,9 @@ async def test_a_chat_stays_on_the_decode_engines_token_where_that_engine_cannot
     prefill, decode = chat_engines()
     async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05) as base:  # engines at urls: unknown
         _, payload = await post(await settled(base), streamed_chat(), path="/v1/chat/completions")
-        _, whole = await post(base, {**streamed_chat(), "stream": False}, path="/v1/chat/completions")
+        whole_status, _ = await post(base, {**streamed_chat(), "stream": False}, path="/v1/chat/completions")
         metrics = await metrics_of(base)
-    assert text_of(payload) == "".join(WORDS) and "vllm_xargs" not in decode.bodies[0]
+    assert text_of(payload) == "".join(WORDS) and "vllm_xargs" not in decode.bodies[0] and whole_status == 200
     assert "return_token_ids" not in prefill.bodies[0]
     assert 'pdserve_first_tokens_total{reason="decode_cannot_force",route="/v1/chat/completions",source="decode"} 1.0' in metrics
     assert 'pdserve_first_tokens_total{reason="not_streamed",route="/v1/chat/completions",source="decode"} 1.0' in metrics
