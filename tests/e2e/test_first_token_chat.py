@@ -55,6 +55,25 @@ def stream(stack: Stack, path: str, body: dict[str, Any], *, headers: dict[str, 
     return events
 
 
+def assert_one_engines_stream(pd: list[Any], local: list[Any]) -> None:
+    """``pd`` is ``local``, event by event. Where vLLM's server fell behind its engine it writes two steps as
+    one event (v1/engine/output_processor.py, RequestOutputCollector merges deltas), on a loaded 2-core machine
+    sometimes; then the events are compared up to where either side merged, and the rest as one text."""
+    if len(pd) == len(local):
+        assert pd == local
+        return
+    assert pd[:2] == local[:2]  # the role event and the first token's: the gateway's own, from the prefill leg
+    assert pd[-2:] == local[-2:]  # the usage event and [DONE]
+    assert joined(pd) == joined(local)
+
+
+def joined(events: list[Any]) -> tuple[str, list[Any]]:
+    """All the text of a stream's events, and their finish reasons."""
+    choices = [choice for event in events if isinstance(event, dict) for choice in event["choices"]]
+    text = "".join(choice.get("text") or (choice.get("delta") or {}).get("content") or "" for choice in choices)
+    return text, [choice["finish_reason"] for choice in choices if choice["finish_reason"]]
+
+
 def chat(conversation: list[dict[str, str]], **fields: Any) -> dict[str, Any]:
     return {"model": DEMO_MODEL_NAME, "messages": conversation, "max_tokens": 16, "temperature": 0,
             "stream_options": {"include_usage": True}, **fields}
@@ -71,7 +90,7 @@ def test_a_streamed_chat_starts_with_the_prefill_engines_token_and_matches_one_e
     for conversation in CONVERSATIONS:
         pd, local = stream(stack, "/v1/chat/completions", chat(conversation)), stream(
             stack, "/v1/chat/completions", chat(conversation), headers=LOCAL)
-        assert pd == local, conversation
+        assert_one_engines_stream(pd, local)
         assert pd[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
         assert pd[-2]["usage"]["completion_tokens"] == len([e for e in pd[1:-2] if e["choices"]]) and pd[-1] == "data: [DONE]"
     assert first_tokens(stack, "/v1/chat/completions") - before == len(CONVERSATIONS)
@@ -96,5 +115,5 @@ def test_completions_with_stop_strings_penalties_or_a_seed_start_with_the_prefil
     before = first_tokens(stack, "/v1/completions")
     for body in bodies:
         pd, local = stream(stack, "/v1/completions", body), stream(stack, "/v1/completions", body, headers=LOCAL)
-        assert pd == local, body
+        assert_one_engines_stream(pd, local)
     assert first_tokens(stack, "/v1/completions") - before == len(bodies)
