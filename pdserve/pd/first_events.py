@@ -1,8 +1,9 @@
 """The SSE events of the prefill engine's token, byte for byte as vLLM's server writes them for one engine. Pure.
 
 vLLM 0.32 writes each event with pydantic's ``model_dump_json(exclude_unset=True)``: the fields its
-serving code sets, in the order its models declare them (completion/serving.py; chat_completion/serving.py:
-the role event at 537-589, one event per output step at 757-829, the usage event at 858-892).
+serving code sets, None ones included, in the order its models declare them (completion/serving.py:403-442;
+chat_completion/serving.py: the role event at 537-589, one event per output step at 757-829, the usage
+event at 858-892).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def token_events(body: dict[str, Any], first: FirstToken, *, path: str, text: st
     if path != CHAT_PATH:
         return sse(message(first, path=path, choices=[{"index": 0, "text": text, "logprobs": None,
                                                        "finish_reason": first.finish_reason,
-                                                       "stop_reason": first.stop_reason}]))
+                                                       "stop_reason": first.stop_reason,
+                                                       "prompt_token_ids": None, "token_ids": None}]))
     role = message(first, path=path, choices=[{"index": 0, "delta": {"role": role_of(body), "content": ""},
                                                "logprobs": None, "finish_reason": None}],
                    prompt_token_ids=None, prompt_text=None)

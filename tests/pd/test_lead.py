@@ -46,7 +46,8 @@ def test_a_completions_first_token_event_reads_as_vllms_stream_chunk() -> None:
                 if line]
     assert json.loads(event.removeprefix(b"data: ")) == {
         "id": "cmpl-a", "object": "text_completion", "created": 1, "model": "m",
-        "choices": [{"index": 0, "text": " the", "logprobs": None, "finish_reason": None, "stop_reason": None}]}
+        "choices": [{"index": 0, "text": " the", "logprobs": None, "finish_reason": None, "stop_reason": None,
+                     "prompt_token_ids": None, "token_ids": None}]}
 
 
 def test_a_chat_continues_from_the_token_given_to_the_decode_engine_as_output() -> None:
