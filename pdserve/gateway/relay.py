@@ -190,7 +190,8 @@ class Relay:
                 if ending is not None:
                     yield ending
                     return
-                self._drop_role = bool(sent) and self._call.path == resume.CHAT_PATH
+                # A resumed chat opens with a role event the client had; a forced lead's echo drop takes it itself.
+                self._drop_role = bool(sent) and self._call.path == resume.CHAT_PATH and not self._echoed_left
         finally:
             self.finish()
 

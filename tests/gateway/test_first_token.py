@@ -290,3 +290,21 @@ async def test_a_chat_stays_on_the_decode_engines_token_where_that_engine_cannot
     assert "return_token_ids" not in prefill.bodies[0]
     assert 'pdserve_first_tokens_total{reason="decode_cannot_force",route="/v1/chat/completions",source="decode"} 1.0' in metrics
     assert 'pdserve_first_tokens_total{reason="not_streamed",route="/v1/chat/completions",source="decode"} 1.0' in metrics
+
+
+async def test_a_chat_whose_decode_engine_fails_after_the_lead_moves_whole_and_the_new_engines_echo_is_dropped_too() -> None:
+    prefill = FakeEngine(metrics_text=vllm_load_metrics())
+    broken = FakeEngine(metrics_text=vllm_load_metrics(), break_stream_after=0)  # its role event, then nothing
+    healthy = FakeEngine(metrics_text=vllm_load_metrics())
+    async with gateway_over([prefill], [broken, healthy], kv_scrape_interval_s=0.05,
+                            decode_pool={"first_token_processor": True}) as base:
+        await settled(base)
+        for turn in range(16):  # conversations of different homes, until one meets the broken engine
+            body = streamed_chat(messages=[{"role": "user", "content": f"say hello {turn}"}])
+            status, payload = await post(base, body, path="/v1/chat/completions")
+            assert status == 200 and text_of(payload) == "".join(WORDS), payload
+            assert [event["choices"][0]["delta"].get("role") for event in events(payload)].count("assistant") == 1
+            if broken.bodies:
+                break
+    moved = [sent for sent in healthy.bodies if "kv_transfer_params" not in sent]
+    assert broken.bodies and moved == [{**body, "vllm_xargs": {"pdserve_first_token": FIRST_TOKEN_ID}}]
