@@ -186,8 +186,9 @@ class GatewaySpec(FrozenSpec):
     local_fallback: bool = Field(True, description=(
         "when no prefill engine could prefill a request, the decode engine prefills it itself (no error)"))
     first_token_from_prefill: bool = Field(True, description=(
-        "a streamed completion gets the prefill engine's token as its first token at once, and the decode "
-        "engine continues from it (attention-only models; pd/first_token.py says which requests)"))
+        "a streamed completion or chat gets the prefill engine's token as its first token at once, and the "
+        "decode engine continues from it (attention-only models; chat and some completion fields need the decode "
+        "engines' first_token_processor; pd/first_token.py says which requests, pdserve_first_tokens why not)"))
     native_relay: bool = Field(True, description=(
         "after its first token, a stream's chunks go from the engine's socket to the client's in a C thread "
         "(pd/native_relay.py), not through the event loop: about half the gateway's CPU per chunk; "
