@@ -9,6 +9,9 @@ tree runs under py-spy (all the gateway's processes, raw collapsed stacks in DIR
 
     python bench/gateway_ab.py --a /tmp/before --b . --streams 128 --workers 2 --rounds 4 [--profile DIR]
 
+--chat sends streamed chat (a shared 2048-token system prompt, turns of 256 tokens) instead of completions;
+--b-env NAME=value sets B's gateway only (PDSERVE_DECODE__FIRST_TOKEN_PROCESSOR=true: these synthetic engines
+write a forced first token as pdserve's logits processor makes a vLLM engine do).
 With --b-workers, B's gateway runs that many processes: --a and --b the same tree compare worker counts.
 --disaggregation sets both gateways' routing.disaggregation (else PDSERVE_ROUTING__DISAGGREGATION, else
 auto): auto serves these 64-token prompts in one leg, as `pdserve serve` decides; always through both legs.
@@ -38,15 +41,19 @@ from pdserve.bench.prompts import WordPrompts
 from pdserve.bench.runner import Target
 from pdserve.bench.services import child_service, free_port, gateway_argv, synthetic_engines
 from pdserve.bench.stats import Slo, Window, summarize
-from pdserve.bench.workload import Lengths, synthetic
+from pdserve.bench.workload import Lengths, shared_prefix_chat, synthetic
 
 _NO_SLO = Slo(ttft_s=float("inf"), itl_s=float("inf"))
 
 
 async def main(args: argparse.Namespace) -> None:
     output = Lengths(args.output_tokens, args.output_tokens)
-    requests = synthetic(64, model="pdserve-demo", input_tokens=Lengths(64, 64), output_tokens=output,
-                         prompts=WordPrompts(), seed=0)
+    if args.chat:  # the issue's chat: a shared 2048-token system prompt, 4 turns of 256 tokens in
+        requests = shared_prefix_chat(64, model="pdserve-demo", prefix_tokens=2048, turn_tokens=Lengths(256, 256),
+                                      output_tokens=output, turns=4, prompts=WordPrompts(), seed=0)
+    else:
+        requests = synthetic(64, model="pdserve-demo", input_tokens=Lengths(64, 64), output_tokens=output,
+                             prompts=WordPrompts(), seed=0)
     per_chunk_us: dict[str, list[float]] = {"A": [], "B": []}
     ttft_p50_ms: dict[str, list[float]] = {"A": [], "B": []}
     async with contextlib.AsyncExitStack() as stack:
@@ -74,6 +81,7 @@ async def _window(args: argparse.Namespace, name: str, load: LoadProcesses, upst
     port = free_port()
     # -P: not this working directory's pdserve, the one PYTHONPATH names
     routing = [] if args.disaggregation is None else [f"PDSERVE_ROUTING__DISAGGREGATION={args.disaggregation}"]
+    routing += args.b_env if name == "B" else []
     argv = gateway_argv(upstream_urls, port=port, env=[f"PYTHONPATH={tree.resolve()}", *routing], python_flags=["-P"],
                         flags=["--workers", str(_workers(args, name))])
     async with child_service(argv, ready_url=f"http://127.0.0.1:{port}/health",
@@ -136,6 +144,9 @@ if __name__ == "__main__":
     parser.add_argument("--disaggregation", choices=["auto", "always", "never"], default=None,
                         help="both gateways' routing.disaggregation: always is PD, never one leg")
     parser.add_argument("--rounds", type=int, default=4, help="windows per tree")
+    parser.add_argument("--chat", action="store_true", help="streamed chat with a shared prefix, not completions")
+    parser.add_argument("--b-env", action="append", default=[], metavar="NAME=value",
+                        help="more environment for B's gateway only (a setting A's tree does not know)")
     parser.add_argument("--load-processes", type=int, default=1)
     parser.add_argument("--upstreams", type=int, default=1, help="synthetic engine processes")
     parser.add_argument("--steady-s", type=float, default=8.0)

@@ -57,6 +57,11 @@ class PlacementSpec(FrozenSpec):
         "EFA interfaces per engine (vpc.amazonaws.com/efa); > 0 moves KV over NIXL's LIBFABRIC backend"))
 
 
+# vLLM flags that rule out pdserve's logits processor, and those that parse chat output (vLLM 0.32's CLI).
+_NO_FIRST_TOKEN_FLAGS = ("--logits-processors", "--speculative-config")
+_CHAT_PARSER_FLAGS = ("--reasoning-parser", "--tool-call-parser", "--enable-auto-tool-choice")
+
+
 class PoolSpec(FrozenSpec):
     """One pool of engines of the same role (prefill or decode)."""
 
@@ -85,6 +90,12 @@ class PoolSpec(FrozenSpec):
     env: dict[str, str] = Field(default_factory=dict, description="extra engine env vars")
     urls: list[str] = Field(default_factory=list, description="already-running engines, http://host:port")
     placement: PlacementSpec = PlacementSpec()
+    first_token_processor: bool | None = Field(None, description=(
+        "whether the engines load pdserve's first-token logits processor (pdserve_vllm/first_token.py), with which "
+        "a decode engine carries on from the prefill engine's token (chat; completions with stop strings, "
+        "penalties or a seed); null = the engines pdserve launches do unless extra_args name --logits-processors "
+        "or --speculative-config, engines at urls do not (true: they were started with --logits-processors "
+        "pdserve_vllm.first_token:FirstTokenProcessor)"))
 
     @field_validator("urls")
     @classmethod
@@ -95,6 +106,22 @@ class PoolSpec(FrozenSpec):
             if parts.scheme != "http" or not parts.hostname or parts.path.strip("/") or parts.query:
                 raise ValueError(f"{url!r} is not of the form http://host:port")
         return [url.rstrip("/") for url in urls]
+
+    @property
+    def forces_first_token(self) -> bool:
+        """Whether this pool's engines start a request with a token it is given (pdserve_vllm/first_token.py):
+        as ``first_token_processor`` says, else pdserve launches them with that logits processor unless their
+        extra_args load logits processors of their own or speculative decoding (vLLM refuses custom logits
+        processors with it: build_logitsprocs, 0.32); engines it does not launch (urls) are not known to."""
+        if self.first_token_processor is not None:
+            return self.first_token_processor
+        return not self.urls and not any(
+            arg == flag or arg.startswith(f"{flag}=") for arg in self.extra_args for flag in _NO_FIRST_TOKEN_FLAGS)
+
+    @property
+    def parses_chat(self) -> bool:
+        """Whether its engines run a reasoning or tool-call parser over chat output (extra_args)."""
+        return any(arg == flag or arg.startswith(f"{flag}=") for arg in self.extra_args for flag in _CHAT_PARSER_FLAGS)
 
     @model_validator(mode="after")
     def _check_gpus(self) -> PoolSpec:
@@ -163,8 +190,9 @@ class GatewaySpec(FrozenSpec):
     local_fallback: bool = Field(True, description=(
         "when no prefill engine could prefill a request, the decode engine prefills it itself (no error)"))
     first_token_from_prefill: bool = Field(True, description=(
-        "a streamed completion gets the prefill engine's token as its first token at once, and the decode "
-        "engine continues from it (attention-only models; pd/first_token.py says which requests)"))
+        "a streamed completion or chat gets the prefill engine's token as its first token at once, and the "
+        "decode engine continues from it (attention-only models; chat and some completion fields need the decode "
+        "engines' first_token_processor; pd/first_token.py says which requests, pdserve_first_tokens why not)"))
     native_relay: bool = Field(True, description=(
         "after its first token, a stream's chunks go from the engine's socket to the client's in a C thread "
         "(pd/native_relay.py), not through the event loop: about half the gateway's CPU per chunk; "

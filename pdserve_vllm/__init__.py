@@ -10,6 +10,11 @@ VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # vLLM's OpenAI serve
 # The pause of an engine's NIXL progress thread between rounds, in microseconds (nixl_progress.py).
 PROGRESS_DELAY_ENV = "PDSERVE_NIXL_PROGRESS_DELAY_US"
 
+# The logits processor that starts a request with a token it is given (first_token.py), as vLLM's
+# ``--logits-processors`` names it, and the ``vllm_xargs`` key a request gives that token in.
+FIRST_TOKEN_PROCESSOR = "pdserve_vllm.first_token:FirstTokenProcessor"
+FIRST_TOKEN_ARG = "pdserve_first_token"
+
 
 def pause_progress_thread(bindings: Any, delay_us: int) -> None:
     """Every NIXL agent made through ``bindings`` (NIXL's compiled module, ``nixlBind`` in its

@@ -113,14 +113,24 @@ class FakeEngine:
         with ``return_token_ids``, the prompt's and the token's ids; ``remote_num_tokens``, the prompt
         tokens the engine computed."""
         ids = self._prompt_ids(body)
+        kv_params = {**KV_PARAMS, "remote_num_tokens": len(ids) - self.prefill_stops_short}
+        usage = {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1}
+        if "messages" in body:  # a chat reply (vLLM 0.32 chat_completion/serving.py:1095-1205): prompt ids beside the choices
+            message = {"role": "assistant", "content": self.words[0], "reasoning": None, "tool_calls": []}
+            chat_choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": "length",
+                                           "stop_reason": None, "token_ids": None}
+            reply: dict[str, Any] = {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": 1764000000,
+                                     "model": body.get("model"), "choices": [chat_choice], "usage": usage,
+                                     "prompt_token_ids": None, "kv_transfer_params": kv_params}
+            if body.get("return_token_ids"):
+                chat_choice["token_ids"], reply["prompt_token_ids"] = [FIRST_TOKEN_ID], ids
+            return reply
         choice: dict[str, Any] = {"index": 0, "text": self.words[0], "logprobs": None, "finish_reason": "length",
                                   "stop_reason": None}
         if body.get("return_token_ids"):
             choice.update(prompt_token_ids=ids, token_ids=[FIRST_TOKEN_ID])
         return {"id": f"cmpl-{request_id}", "object": "text_completion", "created": 1764000000,
-                "model": body.get("model"), "choices": [choice],
-                "usage": {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1},
-                "kv_transfer_params": {**KV_PARAMS, "remote_num_tokens": len(ids) - self.prefill_stops_short}}
+                "model": body.get("model"), "choices": [choice], "usage": usage, "kv_transfer_params": kv_params}
 
     async def _sse(self, *, is_chat: bool):  # type: ignore[no-untyped-def]
         try:

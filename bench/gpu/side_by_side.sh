@@ -91,7 +91,7 @@ pdserve)
     curl -s $DECODE/metrics > $D/decode-metrics.txt
     python3 bench/gpu/kv_rate.py $D/decode-metrics.txt | tee $D/kv-rate.json
     python3 bench/gpu/kv_rate.py $LOG_DIR/decode-*.log > $D/kv-rate-from-log.json  # the same, a cross-check
-    curl -s $GATEWAY/metrics | grep -E "^pdserve_(prefill_first_tokens|kv_handoff_seconds_(sum|count))" \
+    curl -s $GATEWAY/metrics | grep -E "^pdserve_(first_tokens|kv_handoff_seconds_(sum|count))" \
       > $D/gateway-metrics.txt
   else
     say "not ready; last lines of up.log:"; tail -15 $D/up.log

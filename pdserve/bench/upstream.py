@@ -245,10 +245,14 @@ def _call_at(due_s: float, callback: Callable[..., None], *args: Any) -> asyncio
 
 def _prefill_reply(frames: Frames, body: dict[str, Any]) -> dict[str, Any]:
     """vLLM 0.26's prefill reply: completion/serving.py (``prompt_token_ids`` and ``token_ids`` with
-    ``return_token_ids``), nixl/pull_scheduler.py request_finished (the handoff, ``remote_num_tokens``)."""
+    ``return_token_ids``; a chat's prompt ids beside its choices), nixl/pull_scheduler.py request_finished
+    (the handoff, ``remote_num_tokens``). A decode leg given the token as output (``vllm_xargs``, pdserve's
+    logits processor) starts at token 0 again, role event included, as such an engine writes it."""
     prompt = prompt_tokens(body)
     reply = frames.whole_reply(token_text(0), prompt_tokens=prompt, completion_tokens=1)
-    if body.get("return_token_ids") and not frames.is_chat:
+    if body.get("return_token_ids") and frames.is_chat:  # vLLM 0.32 chat_completion/serving.py:1123, 1200
+        reply["choices"][0]["token_ids"], reply["prompt_token_ids"] = [TOKEN_ID_BASE], _prompt_ids(body, prompt)
+    elif body.get("return_token_ids"):
         reply["choices"][0] |= {"prompt_token_ids": _prompt_ids(body, prompt), "token_ids": [TOKEN_ID_BASE]}
     reply["kv_transfer_params"] = {
         "do_remote_prefill": True, "do_remote_decode": False,

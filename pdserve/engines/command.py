@@ -15,7 +15,7 @@ from pdserve.engines.kv_path import BUFFER_NOTE, PROVIDER_NOTE
 from pdserve.engines.model_layout import Layout, ModelLayout, engine_needs
 from pdserve.errors import ConfigError
 from pdserve.role import Role
-from pdserve_vllm import PROGRESS_DELAY_ENV, VLLM_SERVER_MODULE
+from pdserve_vllm import FIRST_TOKEN_PROCESSOR, PROGRESS_DELAY_ENV, VLLM_SERVER_MODULE
 
 # vLLM's server, whose engine core a CPU engine may fork instead of spawning (pdserve_vllm/engine_server.py).
 CPU_SERVER_MODULE = "pdserve_vllm.engine_server"
@@ -80,6 +80,9 @@ def build_engine_command(
         *_cpu_executor_args(pool),
         *_gpu_memory_args(pool),
         *batch_args,
+        # A decode engine continues after the prefill engine's token (pd/first_token.py); loaded in every engine,
+        # it costs a step nothing while no request names a token.
+        *(["--logits-processors", FIRST_TOKEN_PROCESSOR] if pool.forces_first_token else []),
         *pool.extra_args,
     ]
     env = {

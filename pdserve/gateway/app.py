@@ -103,6 +103,8 @@ class Gateway:
                 client=client, pool=self.pool, admission=self.admission, router=self.router, spec=spec,
                 connector=self.settings.kv.connector, metrics=self.metrics, handoffs=handoffs, recent=self.recent,
                 max_model_len=lambda: cards.max_model_len, native=native,
+                decode_forces_first_token=self.settings.decode.forces_first_token,
+                engines_parse_chat=self.settings.prefill.parses_chat or self.settings.decode.parses_chat,
             )
             watchers = [
                 asyncio.create_task(self.source.follow(self.pool)),

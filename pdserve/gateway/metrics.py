@@ -87,9 +87,10 @@ class GatewayMetrics:
             "pdserve_decode_switches", "Requests moved to another decode engine after theirs failed: "
             "restarted (nothing streamed yet) or resumed (mid-stream).", ["kind"], registry=self.registry,
         )
-        self.prefill_first_tokens = Counter(
-            "pdserve_prefill_first_tokens", "Streamed completions whose first token was the prefill engine's, "
-            "sent before the decode engine had the KV cache (pd/first_token.py).", registry=self.registry,
+        self.first_tokens = Counter(
+            "pdserve_first_tokens", "Requests by route, by where their first token came from (prefill: the "
+            "prefill engine's, sent before the decode engine had the KV cache; decode) and why "
+            "(pd/first_token.py's Reason).", ["route", "source", "reason"], registry=self.registry,
         )
         self.kv_releases = Counter(
             "pdserve_kv_releases", "KV handoffs no decode leg took, given back to their prefill engine.",

@@ -33,10 +33,11 @@ from pdserve.gateway.metrics import GatewayMetrics
 from pdserve.gateway.recent import RecentRequests
 from pdserve.gateway.relay import DecodeLeg, Relay
 from pdserve.gateway.tracing import LegTrace
-from pdserve.pd import decode, first_token, prefill
+from pdserve.pd import decode, first_events, first_token, prefill
 from pdserve.pd.engine_http import EngineClient, EngineReply
-from pdserve.pd.first_token import FirstToken
+from pdserve.pd.first_token import FirstToken, Reason
 from pdserve.pd.kv import KVTransferParams
+from pdserve.pd.lead import Lead, make_lead
 from pdserve.pd.native_relay import NativeRelay
 from pdserve.role import Role
 from pdserve.routing import breaker
@@ -55,10 +56,13 @@ class Orchestrator:
         self, *, client: EngineClient, pool: Pool, admission: Admission, router: Router,
         spec: GatewaySpec, connector: str, metrics: GatewayMetrics, handoffs: Handoffs,
         recent: RecentRequests | None = None, max_model_len: Callable[[], int | None] = lambda: None,
-        native: NativeRelay | None = None,
+        native: NativeRelay | None = None, decode_forces_first_token: bool = False, engines_parse_chat: bool = False,
     ) -> None:
         """``max_model_len``: the engines' context length, once known (gateway/model_card.py).
-        ``native``: the relay thread streams go to after their first token (pd/native_relay.py), if any."""
+        ``native``: the relay thread streams go to after their first token (pd/native_relay.py), if any.
+        ``decode_forces_first_token``, ``engines_parse_chat``: what the engines can do with the prefill engine's
+        token (config.py's PoolSpec.forces_first_token, parses_chat; pd/first_token.py)."""
+        self._decode_forces_first_token, self._engines_parse_chat = decode_forces_first_token, engines_parse_chat
         self._client, self._pool, self._admission, self._router = client, pool, admission, router
         self._max_model_len, self._native = max_model_len, native
         self._spec, self._connector, self._metrics, self._handoffs = spec, connector, metrics, handoffs
@@ -77,21 +81,23 @@ class Orchestrator:
         decision = self._router.decide(key, preferred, prefill=self._pool.healthy(Role.PREFILL), requested=call.mode)
         decode_policy = KeyedPolicy(self._router, key, preferred=preferred)
         self._metrics.disaggregation_decisions.labels(decision.mode.value, decision.reason.value).inc()
-        wants_first_token = self._spec.first_token_from_prefill and first_token.applies(
-            call.body, path=call.path, is_stream=call.is_stream)
-        kv = await self._prefill_or_local(call, key, wants_first_token) if decision.mode is Mode.PD else None
+        reason = self._why_not_first_token(call)
+        kv = await self._prefill_or_local(call, key, reason is None) if decision.mode is Mode.PD else None
         prefill_done_s = None if kv is None else time.perf_counter()
-        lead = None
-        if kv is not None and kv.first is not None:
-            first = first_token.for_client(call.body, kv.first, max_model_len=self._max_model_len())
+        first = self._first_token(call, kv, reason)
+        made: tuple[dict[str, Any], Lead] | Reason = first if isinstance(first, Reason) else Reason.LOCAL
+        if isinstance(first, FirstToken):
+            assert kv is not None, "a token comes with its handoff"
             if first.finish_reason is not None:  # the prefill engine's token is the whole reply
                 self._release(kv, call.request_id)
                 return self._first_token_only(call, first)
-            if (fields := kv.fields_for_prompt(len(first.prompt_token_ids) + 1)) is not None:
-                decode_body, lead = first_token.continue_after(call.body, first, fields)
-                self._metrics.prefill_first_tokens.inc()
-        if lead is None:
+            made = make_lead(call.body, first, kv, path=call.path)
+        self._count_first_token(call, made if isinstance(made, Reason) else Reason.ELIGIBLE)
+        lead = None
+        if isinstance(made, Reason):
             decode_body = call.body if kv is None else decode.make_body(call.body, kv)
+        else:
+            decode_body, lead = made
         tried: list[Endpoint] = []
 
         async def open_leg(*, over_cap: bool = False) -> DecodeLeg:
@@ -127,10 +133,32 @@ class Orchestrator:
             task.cancel()
         await asyncio.gather(*self._releases, return_exceptions=True)
 
+    def _why_not_first_token(self, call: Call) -> Reason | None:
+        """Why ``call`` is not to get the prefill engine's token first; None: it is, if the prefill leg gives it."""
+        if not self._spec.first_token_from_prefill:
+            return Reason.SETTING_OFF
+        return first_token.why_not(call.body, path=call.path, is_stream=call.is_stream,
+                                   decode_forces=self._decode_forces_first_token, parses_chat=self._engines_parse_chat)
+
+    def _first_token(self, call: Call, kv: KVTransferParams | None, reason: Reason | None) -> FirstToken | Reason:
+        """The prefill engine's token as ``call`` ends it, or why the decode engine's comes first."""
+        if reason is not None:
+            return reason
+        if kv is None or kv.first is None:
+            return Reason.LOCAL
+        if isinstance(kv.first, Reason):
+            return kv.first
+        return first_token.for_client(call.body, kv.first, path=call.path, max_model_len=self._max_model_len())
+
+    def _count_first_token(self, call: Call, reason: Reason) -> None:
+        source = Role.PREFILL if reason is Reason.ELIGIBLE else Role.DECODE
+        self._metrics.first_tokens.labels(call.path, source.value, reason.value).inc()
+
     def _first_token_only(self, call: Call, first: FirstToken) -> Reply:
         """The reply when the prefill engine's token ends it (a stop token, or max_tokens 1)."""
-        chunks = (first_token.event(first), first_token.ending(call.body, first))
-        self._metrics.prefill_first_tokens.inc()
+        chunks = (first_events.token_events(call.body, first, path=call.path, text=first.text),
+                  first_events.ending(call.body, first, path=call.path))
+        self._count_first_token(call, Reason.ELIGIBLE)
 
         async def stream(_write_now: object = None) -> AsyncIterator[bytes]:
             elapsed_s = time.perf_counter() - call.arrived_s

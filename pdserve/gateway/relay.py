@@ -23,10 +23,10 @@ from pdserve.gateway.handoffs import Handoffs
 from pdserve.gateway.metrics import GatewayMetrics, ModeMetrics
 from pdserve.gateway.recent import FinishedRequest, RecentRequests, status_of
 from pdserve.gateway.tracing import LegTrace
-from pdserve.pd import first_token, legs, resume
+from pdserve.pd import legs, resume
 from pdserve.pd.engine_http import EngineReply, EngineUnreachable
-from pdserve.pd.first_token import Lead
 from pdserve.pd.kv import KVTransferParams
+from pdserve.pd.lead import USAGE_MARK, Lead, count_in_usage, drop_echoed
 from pdserve.pd.native_relay import NativeRelay, Ticket
 from pdserve.protocol import SSE_DONE, sse_error_event
 from pdserve.role import Role
@@ -84,7 +84,10 @@ class Relay:
         self._call, self._reopen, self._leg_failed = call, reopen, leg_failed
         self._leg: DecodeLeg | None = leg if isinstance(leg, DecodeLeg) else None
         self._opening = None if isinstance(leg, DecodeLeg) else leg
-        self._lead = lead  # set: the decode engine counts the lead as prompt in its usage event
+        self._lead = lead
+        # A lead the decode engine had as prompt, not output: its usage event counts it as prompt.
+        self._rewrites_usage = lead is not None and not lead.is_forced
+        self._echoed_left = 0  # the decode engine's events of a forced lead's token still to drop
         self._spec, self._metrics, self._handoffs, self._recent = spec, metrics, handoffs, recent
         self._native = native
         self._prefill_done_s = prefill_done_s  # None once the stream moved: no KV handoff to time
@@ -141,8 +144,9 @@ class Relay:
             if self._lead is not None:
                 self._previous_s = time.perf_counter()
                 self._first_token(self._previous_s)
-                sent.append(self._lead.event)
-                yield self._lead.event
+                self._echoed_left = self._lead.echoed_events
+                sent.append(self._lead.events)
+                yield self._lead.events
             if self._opening is not None and (ending := await self._opened()) is not None:
                 yield ending
                 return
@@ -154,10 +158,12 @@ class Relay:
                                                                  push=push, hand_over=hand_over):
                         if self._drop_role:
                             chunk, self._drop_role = resume.drop_role_events(chunk), False
+                        if self._echoed_left and not (chunk := self._drop_echoed(chunk)):
+                            continue
                         if ENGINE_ERROR_EVENT in chunk:
                             raise _EngineErrorEvent(*chunk.split(ENGINE_ERROR_EVENT, 1))
-                        if self._lead is not None and first_token.USAGE_MARK in chunk:
-                            chunk = first_token.count_in_usage(chunk)
+                        if self._rewrites_usage and USAGE_MARK in chunk:
+                            chunk = count_in_usage(chunk)
                         now_s = time.perf_counter()
                         if self._previous_s is None:
                             self._first_token(now_s)
@@ -184,7 +190,8 @@ class Relay:
                 if ending is not None:
                     yield ending
                     return
-                self._drop_role = bool(sent) and self._call.path == resume.CHAT_PATH
+                # A resumed chat opens with a role event the client had; a forced lead's echo drop takes it itself.
+                self._drop_role = bool(sent) and self._call.path == resume.CHAT_PATH and not self._echoed_left
         finally:
             self.finish()
 
@@ -193,7 +200,7 @@ class Relay:
         per-chunk work is due; False, having done nothing, sends it through ``stream``."""
         previous_s, client = self._previous_s, self._client
         if previous_s is None or client is None or not self._is_steady or ENGINE_ERROR_EVENT in chunk or (
-                self._lead is not None and first_token.USAGE_MARK in chunk):
+                self._rewrites_usage and USAGE_MARK in chunk):
             return False
         now_s = time.perf_counter()
         if now_s > self._deadline_s or not client.write_now(chunk):
@@ -211,7 +218,7 @@ class Relay:
                 or (client_fd := client.idle_fd) is None):
             return False
         ticket = Ticket(previous_s=previous_s, deadline_s=self._deadline_s,
-                        idle_timeout_s=self._spec.decode_idle_timeout_s, watch_usage=self._lead is not None)
+                        idle_timeout_s=self._spec.decode_idle_timeout_s, watch_usage=self._rewrites_usage)
         back = await leg.response.relay_natively(self._native, client_fd, ticket)
         if back is None:  # the thread could not take it: this stream stays in Python
             self._native = None
@@ -229,7 +236,20 @@ class Relay:
     def _is_steady(self) -> bool:
         """Past the handoff, with no role event left to drop: what ``push`` and ``_hand_over`` need,
         beside a first token out and a client socket, before chunks may skip ``stream``'s work."""
-        return not self._drop_role and self._prefill_done_s is None
+        return not self._drop_role and self._prefill_done_s is None and not self._echoed_left
+
+    def _drop_echoed(self, chunk: bytes) -> bytes:
+        """``chunk`` without the decode engine's events of a forced lead's token (pd/lead.py); the
+        handoff is over with the first of them."""
+        assert self._lead is not None
+        dropped = drop_echoed(chunk, self._echoed_left, lead=self._lead, path=self._call.path)
+        self._echoed_left = dropped.left
+        if dropped.is_other_token:
+            log.error("request_id=%s the decode engine's first token was not the prefill engine's: is it started "
+                      "with pdserve's logits processor (%s)?", self._call.request_id, "pdserve_vllm/first_token.py")
+        if self._prefill_done_s is not None:
+            self._handoff_done(time.perf_counter())
+        return dropped.chunk
 
     async def _opened(self) -> bytes | None:
         """Wait for the decode leg opening behind the lead; None once it is open, else the error
@@ -255,8 +275,11 @@ class Relay:
         whole = self._call.body if not self._sent else (
             self._lead.continuation if self._lead is not None and len(self._sent) == 1 else None)
         if whole is not None:
-            return None if await self._switch(failure, whole) else self._error_event(
-                "the decode engine failed", "decode_stream_failed")
+            if not await self._switch(failure, whole):
+                return self._error_event("the decode engine failed", "decode_stream_failed")
+            if self._lead is not None and self._sent:  # the new engine writes a forced lead's token again
+                self._echoed_left = self._lead.echoed_events
+            return None
         sent = resume.read_sent(self._sent, path=self._call.path)
         if sent.is_finished:
             return SSE_DONE  # only the end marker was lost

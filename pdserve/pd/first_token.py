@@ -1,52 +1,99 @@
-"""The prefill engine's token goes to the client as the first token; the decode engine generates the rest. Pure.
+"""Whether the prefill engine's token goes to the client as the first token, and reading it. Pure.
 
 A prefill leg samples one token (``max_tokens`` 1) that other PD proxies throw away (vLLM's example proxy;
 Ray Serve LLM 2.58's PDDecodeServer, pd_server.py ``_prepare_decode_request``): the decode engine
 pulls the prompt's KV cache, recomputes the last prompt token and samples the first token again, so the
 client waits for the pull and a decode step before it sees anything. Here the prefill leg asks for token
-ids (``return_token_ids``), the gateway streams its token at once, and the decode leg gets the prompt's
-token ids plus that token: the decode engine pulls the prompt's KV, computes the one new position (the
-step it spent recomputing the last prompt token) and continues from the second token. PD TTFT becomes
-the prefill engine's (docs/benchmarks.md, section 8).
+ids (``return_token_ids``), the gateway streams its token at once (pd/first_events.py writes it as vLLM
+would) and the decode engine carries on after it (pd/lead.py), in one of two ways:
 
-Stock vLLM decode engines take it: vLLM's NixlConnector claims the whole prompt (n + 1 tokens) as
-remote, allocates blocks for it, reads the prefill engine's blocks into them and, its prompt being
-"fully cached", recomputes the last position (the token added here) before sampling
-(``get_num_new_matched_tokens``, ``_update_waiting_for_remote_kv``; vLLM 0.26 and 0.32). How the blocks
-map onto that longer prompt is pd/kv.py's ``fields_for_prompt``.
+- after it: a streamed ``/v1/completions`` with nothing that spans the first two tokens gets a decode leg
+  of the prompt's token ids plus that token, so the decode engine computes the one new position (the step
+  it spent recomputing the last prompt token) and samples the second token. vLLM's NixlConnector claims
+  the whole n + 1 tokens as remote, reads the prefill engine's blocks into them and, the prompt being
+  "fully cached", recomputes the last position (``get_num_new_matched_tokens``,
+  ``_update_waiting_for_remote_kv``; vLLM 0.26 and 0.32); kv.py's ``fields_for_prompt`` maps the blocks.
+- from it (forced): a chat request, whose decode leg cannot take token ids and whose chat layer (role
+  event, parsers, usage) must see the token as output, and a completion whose stop strings, output
+  penalties, min_tokens, seed or guided decoding span the first two tokens: the decode leg is the
+  client's request, and pdserve's logits processor in the decode engine (pdserve_vllm/first_token.py)
+  makes its first output token the prefill engine's. That engine then writes one engine's whole stream;
+  the gateway drops the events of that first step, which the client had already.
 
-Only where the output stays what one engine would produce: a streamed ``/v1/completions`` of one
-attention-only model (a hybrid model's prefill engine stops one token short: ``remote_num_tokens`` < the
-prompt), and none of the fields whose effect spans the first two tokens or needs the first token's
-details (stop strings, penalties over output tokens, a seed, logprobs, echo, min_tokens).
+Not where the output could differ from one engine's (``why_not`` names each case): a hybrid model's
+prefill engine stops one token short (``remote_num_tokens`` < the prompt), so its token is not the first;
+a chat request to engines that parse reasoning or tool calls (the gateway cannot write the first
+token's event without their parser: docs/architecture.md, step 3); logprobs, echo and token ids
+describe the first token in fields the gateway does not rebuild; n > 1; continuous usage stats.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from typing import Any
 
-import pydantic_core
-
 from pdserve.pd import resume
-from pdserve.protocol import SSE_DONE, SSE_EVENT_PREFIX
-
-# Request fields under which the decode engine would not continue as one engine does: the stop
-# check and the penalties look only at output text and tokens (the first token is prompt for the
-# decode engine), a seeded sampler would restart, and logprobs, echo and token ids describe the first
-# token in the decode engine's own first event.
-_NOT_WITH = ("stop", "presence_penalty", "frequency_penalty", "echo", "min_tokens", "return_token_ids")
-_NOT_WITH_ANY = ("seed", "logprobs")  # a seed of 0 and logprobs 0 mean something
-USAGE_MARK = b'"usage":{'  # vLLM's usage event, compact JSON (pydantic's model_dump_json)
 
 
-def applies(body: dict[str, Any], *, path: str, is_stream: bool) -> bool:
-    """Whether ``body`` may get its first token from the prefill engine. Checked once per request."""
-    if not is_stream or path != resume.COMPLETIONS_PATH:
-        return False
-    if any(body.get(field) for field in _NOT_WITH) or any(body.get(field) is not None for field in _NOT_WITH_ANY):
-        return False
-    return not (body.get("stream_options") or {}).get("continuous_usage_stats")
+class Reason(StrEnum):
+    """Why a request's first token came from where it did: the ``reason`` of ``pdserve_first_tokens``."""
+
+    ELIGIBLE = "eligible"  # it came from the prefill engine
+    SETTING_OFF = "setting_off"  # gateway.first_token_from_prefill is false
+    NOT_STREAMED = "not_streamed"  # a whole reply: there is no first token to send early
+    LOCAL = "local"  # no prefill leg: the decode engine prefilled it (routing, or no prefill engine could)
+    OTHER_ROUTE = "other_route"
+    CHAT_PARSER = "chat_parser"  # the engines parse reasoning or tool calls out of chat output
+    DECODE_CANNOT_FORCE = "decode_cannot_force"  # the decode engines lack pdserve's logits processor
+    WITH_LOGPROBS = "with_logprobs"
+    WITH_ECHO = "with_echo"
+    WITH_TOKEN_IDS = "with_return_token_ids"
+    WITH_N = "with_n"
+    WITH_CONTINUOUS_USAGE = "with_continuous_usage_stats"
+    PREFILL_STOPPED_SHORT = "prefill_stopped_short"  # a hybrid model's prefill engine leaves the last token
+    PREFILL_REPLY_UNREADABLE = "prefill_reply_unreadable"
+    BLOCKS_UNMAPPED = "blocks_unmapped"  # kv.py cannot map the blocks onto the prompt plus the token
+
+
+# Fields whose effect spans the first two tokens, or reads the first as output: stop strings and
+# min_tokens, output penalties, a seeded sampler, guided decoding's state. With any of them set the
+# decode engine is given the first token as its own output (forced), not as prompt.
+_FORCED_WITH = ("stop", "presence_penalty", "frequency_penalty", "min_tokens", "structured_outputs", "bad_words",
+                "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+def why_not(body: dict[str, Any], *, path: str, is_stream: bool, decode_forces: bool,
+            parses_chat: bool) -> Reason | None:
+    """Why ``body`` may not get its first token from the prefill engine; None: it may. Checked once per
+    request. ``decode_forces``: the decode engines load pdserve's logits processor; ``parses_chat``: the
+    engines run a reasoning or tool-call parser over chat output."""
+    if not is_stream:
+        return Reason.NOT_STREAMED
+    if path not in (resume.COMPLETIONS_PATH, resume.CHAT_PATH):
+        return Reason.OTHER_ROUTE
+    if path == resume.CHAT_PATH and parses_chat:
+        return Reason.CHAT_PARSER
+    if body.get("logprobs") if path == resume.CHAT_PATH else body.get("logprobs") is not None:
+        return Reason.WITH_LOGPROBS  # a completion's logprobs 0 asks for the sampled token's
+    if body.get("echo"):
+        return Reason.WITH_ECHO
+    if body.get("return_token_ids"):
+        return Reason.WITH_TOKEN_IDS
+    if (body.get("n") or 1) != 1:
+        return Reason.WITH_N
+    if (body.get("stream_options") or {}).get("continuous_usage_stats"):
+        return Reason.WITH_CONTINUOUS_USAGE
+    if is_forced(body, path=path) and not decode_forces:
+        return Reason.DECODE_CANNOT_FORCE
+    return None
+
+
+def is_forced(body: dict[str, Any], *, path: str) -> bool:
+    """Whether the decode engine is to be given the first token as output (pdserve_vllm's logits
+    processor), not as prompt: always for chat, and for a completion whose fields span the first two tokens."""
+    return (path == resume.CHAT_PATH or any(body.get(field) for field in _FORCED_WITH)
+            or body.get("seed") is not None or (body.get("response_format") or {}).get("type", "text") != "text")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,90 +110,58 @@ class FirstToken:
     model: str
 
 
-def read(reply: dict[str, Any]) -> FirstToken | None:
-    """The first token of a prefill reply asked with ``return_token_ids``; None when the reply lacks
-    what is needed, or its engine computed less than the whole prompt (a hybrid model's)."""
+def read(reply: dict[str, Any]) -> FirstToken | Reason:
+    """The first token of a prefill reply asked with ``return_token_ids`` (a completion's or a chat's);
+    the reason it cannot lead when the reply lacks what is needed or its engine computed less than the
+    whole prompt (a hybrid model's)."""
     try:
         choice = reply["choices"][0]
         (token_id,) = choice["token_ids"]
-        prompt = tuple(map(int, choice["prompt_token_ids"]))
+        is_chat = "message" in choice
+        # vLLM puts a completion's prompt ids in its choice, a chat's beside the choices (0.32). Its JSON ints
+        # are taken as they are: converting each again cost 200 µs per 4k-token prompt (bench/first_token_cost.py).
+        prompt = tuple(reply["prompt_token_ids"] if is_chat else choice["prompt_token_ids"])
+        text = choice["message"].get("content") if is_chat else choice.get("text")
         computed = reply["kv_transfer_params"].get("remote_num_tokens")
-        first = FirstToken(token_id=int(token_id), text=str(choice.get("text") or ""),
+        first = FirstToken(token_id=int(token_id), text=str(text or ""),
                            finish_reason=choice.get("finish_reason"), stop_reason=choice.get("stop_reason"),
                            prompt_token_ids=prompt, reply_id=str(reply["id"]), created=int(reply["created"]),
                            model=str(reply["model"]))
     except (KeyError, IndexError, TypeError, ValueError, AttributeError):
-        return None
+        return Reason.PREFILL_REPLY_UNREADABLE
     if computed is not None and int(computed) < len(prompt):
-        return None
+        return Reason.PREFILL_STOPPED_SHORT
     return first
 
 
-def for_client(body: dict[str, Any], first: FirstToken, *, max_model_len: int | None) -> FirstToken:
+def for_client(body: dict[str, Any], first: FirstToken, *, path: str, max_model_len: int | None) -> FirstToken:
     """``first`` as the client's request ends it: the prefill leg's own limit of one token is no
-    finish unless the client asked for one token (``resume.shorter_limits`` leaves it 1 then) or the
-    prompt left room in the context (``max_model_len``, None: unknown) for that one only: vLLM caps
-    max_tokens at the context left (get_max_tokens, vLLM 0.26 and 0.32), so one engine ends there too."""
-    if first.finish_reason != "length" or resume.shorter_limits(body, 0, path=resume.COMPLETIONS_PATH)["max_tokens"] <= 1:
+    finish unless the client asked for one token or the prompt left room in the context
+    (``max_model_len``, None: unknown) for that one only: vLLM caps max_tokens at the context left
+    (get_max_tokens, vLLM 0.26 and 0.32), so one engine ends there too."""
+    asked = _asked_tokens(body, path=path)
+    if first.finish_reason != "length" or (asked is not None and asked <= 1):
         return first
     if max_model_len is not None and len(first.prompt_token_ids) + 1 >= max_model_len:
         return first
     return replace(first, finish_reason=None)
 
 
-def event(first: FirstToken) -> bytes:
-    """The SSE event of the first token, as vLLM's completion stream writes it."""
-    return _sse(_message(first, choices=[{"index": 0, "text": first.text, "logprobs": None,
-                                          "finish_reason": first.finish_reason, "stop_reason": first.stop_reason}]))
+def _asked_tokens(body: dict[str, Any], *, path: str) -> int | None:
+    """The most tokens the client asked for; None: as many as the context holds (a chat's default)."""
+    for field in ("max_completion_tokens", "max_tokens"):
+        if body.get(field) is not None:
+            return int(body[field])
+    return resume.VLLM_DEFAULT_COMPLETION_MAX_TOKENS if path == resume.COMPLETIONS_PATH else None
 
 
-def ending(body: dict[str, Any], first: FirstToken) -> bytes:
-    """What follows the first token when it is the last: the usage event if asked, then [DONE]."""
-    if not (body.get("stream_options") or {}).get("include_usage"):
-        return SSE_DONE
-    prompt_tokens = len(first.prompt_token_ids)
-    usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + 1, "completion_tokens": 1}
-    return _sse(_message(first, choices=[], usage=usage)) + SSE_DONE
-
-
-def _message(first: FirstToken, **fields: Any) -> dict[str, Any]:
-    """A completion stream chunk of the prefill engine's reply."""
-    return {"id": first.reply_id, "object": "text_completion", "created": first.created, "model": first.model,
-            **fields}
-
-
-@dataclass(frozen=True, slots=True)
-class Lead:
-    """The first token's event, and the request that continues after it on any decode engine."""
-
-    event: bytes
-    continuation: dict[str, Any]  # the decode leg's body without the KV handoff: that engine prefills
-
-
-def continue_after(body: dict[str, Any], first: FirstToken, kv_fields: dict[str, Any]) -> tuple[dict[str, Any], Lead]:
-    """The decode leg that continues after ``first`` with ``kv_fields`` (the prefill engine's handoff
-    mapped to a prompt one token longer: ``KVTransferParams.fields_for_prompt``), and the lead."""
-    continuation = {**body, **resume.shorter_limits(body, 1, path=resume.COMPLETIONS_PATH),
-                    "prompt": [*first.prompt_token_ids, first.token_id]}
-    return {**continuation, "kv_transfer_params": kv_fields}, Lead(event(first), continuation)
-
-
-def count_in_usage(chunk: bytes) -> bytes:
-    """The decode engine's usage event with the first token counted as output, not prompt."""
-    events = chunk.split(b"\n\n")
-    for index, raw in enumerate(events):
-        if USAGE_MARK not in raw or not raw.startswith(SSE_EVENT_PREFIX):
-            continue
-        try:
-            message = pydantic_core.from_json(raw[len(SSE_EVENT_PREFIX):])
-            usage = message["usage"]
-            usage["prompt_tokens"] -= 1
-            usage["completion_tokens"] += 1
-        except (ValueError, KeyError, TypeError):
-            continue
-        events[index] = _sse(message).rstrip(b"\n")
-    return b"\n\n".join(events)
-
-
-def _sse(message: dict[str, Any]) -> bytes:
-    return SSE_EVENT_PREFIX + pydantic_core.to_json(message) + b"\n\n"
+def streamed_text(body: dict[str, Any], text: str) -> str:
+    """What one engine streams of the first token's ``text``: with stop strings it holds back as many
+    characters as the longest could still need (vLLM's detokenizer, ``stop_buffer_length``,
+    v1/engine/detokenizer.py:85-90, 161-176), and sends them with the next token."""
+    stop = body.get("stop")
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if not stops or body.get("include_stop_str_in_output"):
+        return text
+    held = max(len(one) for one in stops) - 1
+    return text[:max(len(text) - held, 0)]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from pdserve.pd.first_token import FirstToken
+from pdserve.pd.first_token import FirstToken, Reason
 
 # What the prefill leg sends so the engine keeps the KV cache for a remote decode engine.
 REMOTE_DECODE_REQUEST: Mapping[str, Mapping[str, Any]] = MappingProxyType(
@@ -34,7 +34,8 @@ class KVTransferParams:
     prompt_tokens: int
     prefill_url: str = ""  # the prefill engine holding the blocks (set by the orchestrator; not sent)
     block_size: int = 0  # tokens per KV block of that engine, from its /metrics; 0: not read yet
-    first: FirstToken | None = None  # the prefill engine's token, when the client is to get it (first_token.py)
+    # The prefill engine's token, when the client is to get it (first_token.py), or why its reply cannot give it.
+    first: FirstToken | Reason | None = None
 
     @property
     def is_grouped(self) -> bool:

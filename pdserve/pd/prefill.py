@@ -14,8 +14,7 @@ from pdserve.pd.engine_http import EngineClient, EngineUnreachable
 from pdserve.pd.kv import REMOTE_DECODE_REQUEST, KVTransferParams
 from pdserve.role import Role
 
-# Fields that make no sense for a one-token, non-streamed prefill (min_tokens > 1 would be
-# rejected by the engine against max_tokens=1).
+# Fields that make no sense for a one-token, non-streamed prefill.
 _DROPPED_FIELDS = ("stream_options", "min_tokens", "max_completion_tokens", "logprobs", "top_logprobs")
 
 
@@ -32,6 +31,8 @@ def make_body(body: dict[str, Any], *, connector: str, wants_first_token: bool =
         stream=False,
         kv_transfer_params=dict(REMOTE_DECODE_REQUEST[connector]),
     )
+    if body.get("min_tokens"):  # the token must not end the reply where one engine could not (vLLM refuses > 1 here)
+        prefill_body["min_tokens"] = 1
     if wants_first_token:
         prefill_body["return_token_ids"] = True
     return prefill_body

@@ -26,6 +26,8 @@ from pdserve.engines.cpu_affinity import parse_cpu_list
 from tests.e2e.conftest import Stack
 
 pytestmark = pytest.mark.e2e
+# The gateway's count of streamed completions whose first token was the prefill engine's (pdserve_first_tokens).
+PREFILL_FIRST_TOKENS = 'pdserve_first_tokens_total{reason="eligible",route="/v1/completions",source="prefill"}'
 SENTENCE = "The module provides functions for reading and writing files, sockets and other streams. "
 PROMPTS = [
     "Hello",
@@ -104,14 +106,14 @@ def test_a_streamed_completion_starts_with_the_prefill_engines_token_and_matches
     """pd/first_token.py on real engines: the prefill engine's token goes out first, the decode engine
     continues after it from the pulled KV, and the whole stream equals one engine's, usage included.
     Prompts of token ids: 64 fill two 32-token blocks exactly (the token needs a block of its own), 63 leave it room."""
-    first_tokens_before = gateway_metric(stack, "pdserve_prefill_first_tokens_total")
+    first_tokens_before = gateway_metric(stack, PREFILL_FIRST_TOKENS)
     transferred_before = engine_metric(stack.engine_urls["decode"], "vllm:prompt_tokens_by_source_total",
                                        source="external_kv_transfer")
     prompts: list[str | list[int]] = [list(range(300, 364)), list(range(400, 463)), "7. " + SENTENCE * 2]
     for prompt in prompts:
         pd, local = stream_greedy(stack, prompt), stream_greedy(stack, prompt, headers={"X-PD-Mode": "local"})
         assert pd == local and pd[0] and pd[1]["completion_tokens"] == 16, prompt
-    assert gateway_metric(stack, "pdserve_prefill_first_tokens_total") - first_tokens_before == len(prompts)
+    assert gateway_metric(stack, PREFILL_FIRST_TOKENS) - first_tokens_before == len(prompts)
     transferred = engine_metric(stack.engine_urls["decode"], "vllm:prompt_tokens_by_source_total",
                                 source="external_kv_transfer")
     assert transferred - transferred_before >= 64 + 63  # the decode engine pulled the prompts, it did not recompute them
@@ -146,9 +148,10 @@ def stream_greedy(stack: Stack, prompt: str | list[int], *, max_tokens: int = 16
 
 
 def gateway_metric(stack: Stack, name: str) -> float:
-    line = next(line for line in httpx.get(stack.base_url + "/metrics", timeout=10).text.splitlines()
-                if line.startswith(name + " "))
-    return float(line.split()[1])
+    """The sample named ``name`` (with its labels, as the gateway writes them), 0 before its first count."""
+    line = next((line for line in httpx.get(stack.base_url + "/metrics", timeout=10).text.splitlines()
+                 if line.startswith(name + " ")), f"{name} 0")
+    return float(line.split()[-1])
 
 
 def complete_greedy(stack: Stack, prompt: str, *, headers: dict[str, str] | None = None) -> dict[str, Any]:

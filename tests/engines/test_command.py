@@ -10,7 +10,7 @@ from pdserve.engines.command import EngineCommand, build_engine_command, split_c
 from pdserve.engines.kv_link import HostLink
 from pdserve.engines.model_layout import Layout, ModelLayout
 from pdserve.errors import ConfigError
-from pdserve_vllm import PROGRESS_DELAY_ENV
+from pdserve_vllm import FIRST_TOKEN_PROCESSOR, PROGRESS_DELAY_ENV
 
 NO_RDMA = HostLink()
 
@@ -207,3 +207,11 @@ def test_cross_layer_kv_blocks_where_vllm_allows_them_and_both_engines_agree() -
         built(Layout.HYBRID, kv={"cross_layer_blocks": "on"})
     assert all("enable_cross_layers_blocks" not in kv_config(command)["kv_connector_extra_config"]
                for command in engine_commands({}))  # CPU engines
+
+
+def test_engines_load_the_first_token_processor_unless_their_args_rule_it_out() -> None:
+    (prefill_argv, _), (decode_argv, _) = commands(
+        {"decode": {"extra_args": ["--speculative-config={\"method\": \"ngram\"}"]}})
+    assert prefill_argv[prefill_argv.index("--logits-processors") + 1] == FIRST_TOKEN_PROCESSOR
+    assert "--logits-processors" not in decode_argv  # vLLM refuses custom logits processors with speculative decoding
+    assert parse_settings({"decode": {"extra_args": ["--logits-processors", "m:C"]}}, source="t").decode.forces_first_token is False

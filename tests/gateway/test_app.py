@@ -19,10 +19,12 @@ from tests.fake_engine import KV_PARAMS, WORDS, FakeEngine
 MODEL = "pdserve-demo"
 
 
-def gateway_settings(*, prefill: list[str], decode: list[str], **gateway: Any) -> Any:
+def gateway_settings(*, prefill: list[str], decode: list[str], decode_pool: dict[str, Any] | None = None,
+                     **gateway: Any) -> Any:
+    """``decode_pool``: more of the decode pool's settings."""
     tree = {
         "prefill": {"engines": 0, "base_port": 1, "urls": prefill},
-        "decode": {"engines": 0, "base_port": 2, "urls": decode},
+        "decode": {"engines": 0, "base_port": 2, "urls": decode, **(decode_pool or {})},
         "gateway": {"port": free_port(), "health_interval_s": 0.2, **gateway},
         "cache_dir": "/tmp",
     }

@@ -64,7 +64,7 @@ async def test_the_client_gets_the_prefill_engines_token_first_and_the_decode_en
     assert decode_body["prompt"] == [*PROMPT_FILLING_TWO_BLOCKS, FIRST_TOKEN_ID] and decode_body["max_tokens"] == 4
     # 33 tokens need a third block: the last remote one is named twice (the recomputed slot is the only one used).
     assert decode_body["kv_transfer_params"]["remote_block_ids"] == [3, 4, 4]
-    assert "pdserve_prefill_first_tokens_total 1.0" in metrics
+    assert 'pdserve_first_tokens_total{reason="eligible",route="/v1/completions",source="prefill"} 1.0' in metrics
 
 
 async def test_blocks_are_passed_as_they_are_when_the_first_token_fits_and_refused_when_they_do_not_match() -> None:
@@ -244,3 +244,67 @@ async def test_the_response_head_waits_for_the_prefill_engines_token_only(monkey
         _, without_lead = await post(base, streamed(list(range(1000, 1010))))  # blocks it cannot map: no lead
     assert held == [True]
     assert text_of(with_lead) == "".join(WORDS) and text_of(without_lead) == "".join(WORDS[1:])
+
+
+def streamed_chat(**fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "say hello"}], "max_tokens": 5, "stream": True,
+            **fields}
+
+
+def chat_engines() -> tuple[FakeEngine, FakeEngine]:
+    """A prefill engine, and a decode engine that writes the whole reply: given the prefill's token as its first
+    output (pdserve_vllm's logits processor), a real one writes that token's role and content events again."""
+    prefill = FakeEngine(metrics_text=vllm_load_metrics())
+    return prefill, FakeEngine(metrics_text=vllm_load_metrics())
+
+
+async def test_a_streamed_chat_gets_the_prefill_engines_token_first_and_the_decode_engines_echo_of_it_is_dropped() -> None:
+    prefill, decode = chat_engines()
+    async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05,
+                            decode_pool={"first_token_processor": True}) as base:
+        status, payload = await post(await settled(base), streamed_chat(), path="/v1/chat/completions",
+                                     headers={"X-Request-Id": "r1"})
+        metrics = await metrics_of(base)
+    assert status == 200 and text_of(payload) == "".join(WORDS) and payload.endswith(b"data: [DONE]\n\n")
+    role, first, *rest = events(payload)
+    assert role["id"] == first["id"] == "chatcmpl-r1" and role["object"] == "chat.completion.chunk"
+    assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert first["choices"][0]["delta"] == {"content": WORDS[0]}  # the prefill engine's, sent before the decode leg's
+    assert [event["choices"][0]["delta"] for event in rest] == [{"content": word} for word in WORDS[1:]]
+    (prefill_body,) = prefill.bodies
+    assert prefill_body["return_token_ids"] is True and prefill_body["messages"] == streamed_chat()["messages"]
+    (decode_body,) = decode.bodies
+    assert decode_body["vllm_xargs"] == {"pdserve_first_token": FIRST_TOKEN_ID}
+    assert decode_body["messages"] == streamed_chat()["messages"] and decode_body["max_tokens"] == 5
+    assert decode_body["kv_transfer_params"]["remote_block_ids"] == KV_PARAMS["remote_block_ids"]
+    assert 'pdserve_first_tokens_total{reason="eligible",route="/v1/chat/completions",source="prefill"} 1.0' in metrics
+
+
+async def test_a_chat_stays_on_the_decode_engines_token_where_that_engine_cannot_be_given_one_and_says_why() -> None:
+    prefill, decode = chat_engines()
+    async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05) as base:  # engines at urls: unknown
+        _, payload = await post(await settled(base), streamed_chat(), path="/v1/chat/completions")
+        whole_status, _ = await post(base, {**streamed_chat(), "stream": False}, path="/v1/chat/completions")
+        metrics = await metrics_of(base)
+    assert text_of(payload) == "".join(WORDS) and "vllm_xargs" not in decode.bodies[0] and whole_status == 200
+    assert "return_token_ids" not in prefill.bodies[0]
+    assert 'pdserve_first_tokens_total{reason="decode_cannot_force",route="/v1/chat/completions",source="decode"} 1.0' in metrics
+    assert 'pdserve_first_tokens_total{reason="not_streamed",route="/v1/chat/completions",source="decode"} 1.0' in metrics
+
+
+async def test_a_chat_whose_decode_engine_fails_after_the_lead_moves_whole_and_the_new_engines_echo_is_dropped_too() -> None:
+    prefill = FakeEngine(metrics_text=vllm_load_metrics())
+    broken = FakeEngine(metrics_text=vllm_load_metrics(), break_stream_after=0)  # its role event, then nothing
+    healthy = FakeEngine(metrics_text=vllm_load_metrics())
+    async with gateway_over([prefill], [broken, healthy], kv_scrape_interval_s=0.05,
+                            decode_pool={"first_token_processor": True}) as base:
+        await settled(base)
+        for turn in range(16):  # conversations of different homes, until one meets the broken engine
+            body = streamed_chat(messages=[{"role": "user", "content": f"say hello {turn}"}])
+            status, payload = await post(base, body, path="/v1/chat/completions")
+            assert status == 200 and text_of(payload) == "".join(WORDS), payload
+            assert [event["choices"][0]["delta"].get("role") for event in events(payload)].count("assistant") == 1
+            if broken.bodies:
+                break
+    moved = [sent for sent in healthy.bodies if "kv_transfer_params" not in sent]
+    assert broken.bodies and moved == [{**body, "vllm_xargs": {"pdserve_first_token": FIRST_TOKEN_ID}}]

