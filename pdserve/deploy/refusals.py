@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pdserve.config import Settings
+from pdserve.deploy.aws_preflight import image_refusal
 from pdserve.deploy.eks import plan_up
 from pdserve.deploy.eksctl import (
     check_efa_node_group,
@@ -22,6 +23,12 @@ from pdserve.errors import ConfigError
 Check = Callable[[Settings], object]  # raises ConfigError naming the field; what it returns is not used
 
 
+def _check_image_placeholder(settings: Settings) -> None:
+    """``cloud up`` refuses an image that still holds a placeholder before anything is created."""
+    if refusal := image_refusal(settings):
+        raise ConfigError(refusal)
+
+
 def _plan_cloud_up(settings: Settings) -> object:
     """The plan ``cloud up --dry-run`` prints, before the zones are looked up; no token is shown."""
     return plan_up(settings, zones=unresolved_zones(settings.eks), ray_token="")
@@ -31,7 +38,7 @@ def _plan_cloud_up(settings: Settings) -> object:
 # checks said (dropped as duplicates), so a refusal they learn later is never passed by validate.
 KUBERNETES_CHECKS: tuple[Check, ...] = (check_gateway_port, check_gateway_replicas, is_efa_on, render_manifests)
 EKS_CHECKS: tuple[Check, ...] = (check_efa_node_group, check_room_for_upgrades, gpu_node_labels, head_node_labels,
-                                 _plan_cloud_up)
+                                 _check_image_placeholder, _plan_cloud_up)
 KUBERNETES_SECTIONS = frozenset({"kubernetes", "eks"})
 
 

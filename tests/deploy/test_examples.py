@@ -9,6 +9,7 @@ import pytest
 
 from pdserve.config import load_settings
 from pdserve.demo.shapes import CONFIGS, Shape
+from pdserve.deploy.refusals import cluster_refusals
 from pdserve.engines.command import build_engine_command
 from pdserve.engines.kv_link import HostLink
 from pdserve.engines.model_layout import detect_layout
@@ -24,6 +25,16 @@ def test_the_examples_are_there() -> None:
 @pytest.mark.parametrize("path", EXAMPLES, ids=[path.name for path in EXAMPLES])
 def test_example_loads(path: Path) -> None:
     load_settings(path)
+
+
+def test_config_validate_refuses_the_eks_example_until_its_account_placeholder_is_replaced() -> None:
+    """`cloud up` refuses the placeholder before anything is created; `config validate` says so first."""
+    examples = Path(__file__).parents[2] / "examples"
+    settings = load_settings(examples / "eks-g6-efa.yaml")
+    assert [problem for problem in cluster_refusals(settings) if "<account> is a placeholder" in problem]
+    image = "123456789012.dkr.ecr.us-west-2.amazonaws.com/pdserve:0.1.0"
+    pushed = settings.model_copy(update={"kubernetes": settings.kubernetes.model_copy(update={"image": image})})
+    assert cluster_refusals(pushed) == []
 
 
 def test_laptop_example_is_the_defaults() -> None:
