@@ -10,7 +10,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdserve.gateway.metrics import ENGINE_LEGS_IN_FLIGHT, ENGINE_LEGS_SENT
+from pdserve.gateway.metrics import ENGINE_LEGS_IN_FLIGHT, ENGINE_LEGS_SENT, WORKERS_COUNTED
 from pdserve.role import Role
 from pdserve.routing.pool import Pool
 
@@ -59,6 +59,13 @@ def with_leg_counts(rows: Sequence[EngineRow], metrics_text: str) -> list[Engine
                     in_flight=int(counts.get((ENGINE_LEGS_IN_FLIGHT, row.role.value, row.url), row.in_flight)),
                     routed=int(counts.get((ENGINE_LEGS_SENT + "_total", row.role.value, row.url), row.routed)))
             for row in rows]
+
+
+def workers_counted(metrics_text: str) -> int:
+    """How many gateway workers' counts ``metrics_text`` (their /metrics summed) holds: a worker
+    that did not answer in time is left out of the sum, and its legs with it."""
+    return int(sum(sample.value for family in text_string_to_metric_families(metrics_text)
+                   for sample in family.samples if sample.name == WORKERS_COUNTED))
 
 
 def rows_json(rows: Sequence[EngineRow]) -> dict[str, Any]:
