@@ -27,7 +27,7 @@ from pdserve.pd import first_token, legs, resume
 from pdserve.pd.engine_http import EngineReply, EngineUnreachable
 from pdserve.pd.first_token import Lead
 from pdserve.pd.kv import KVTransferParams
-from pdserve.pd.native_relay import NativeRelay, Ticket
+from pdserve.pd.native_relay import Handback, NativeRelay, RelayCancelled, Ticket
 from pdserve.protocol import SSE_DONE, sse_error_event
 from pdserve.role import Role
 from pdserve.routing.decision import Mode
@@ -212,18 +212,26 @@ class Relay:
             return False
         ticket = Ticket(previous_s=previous_s, deadline_s=self._deadline_s,
                         idle_timeout_s=self._spec.decode_idle_timeout_s, watch_usage=self._lead is not None)
-        back = await leg.response.relay_natively(self._native, client_fd, ticket)
+        try:
+            back = await leg.response.relay_natively(self._native, client_fd, ticket)
+        except RelayCancelled as exc:  # the client left after the thread had sent what it read
+            self._take_relayed(exc.handback)
+            raise
         if back is None:  # the thread could not take it: this stream stays in Python
             self._native = None
             return False
         if back.unsent:
             client.write_framed(back.unsent)
+        self._take_relayed(back)
+        return True
+
+    def _take_relayed(self, back: Handback) -> None:
+        """The relay thread's chunks into the request's timing and record, as if sent here."""
         if back.reads:
             self._mode.itl.add(back.gap_counts, back.gap_sum_s)
             self._previous_s = back.previous_s
             self._sent.append(back.payload)
             self._chunks_in_thread += back.reads - 1
-        return True
 
     @property
     def _is_steady(self) -> bool:
