@@ -41,6 +41,10 @@ class FakeEngine:
     served_model: str = "pdserve-demo"  # any other model gets vLLM's 404
     words: list[str] = field(default_factory=lambda: list(WORDS))  # what it generates, one token each
     prefill_stops_short: int = 0  # prompt tokens a prefill leaves to the decode engine (1: a hybrid model's)
+    # A decode reply's usage.prompt_tokens_details.cached_tokens, as vLLM with --enable-prompt-tokens-details
+    # gives it (entrypoints/openai/chat_completion/serving.py, num_cached_tokens); None: no details.
+    # The prompt's length: its KV came over; 0: the engine computed it again (its pull failed).
+    cached_tokens: int | None = None
 
     def app(self) -> Starlette:
         routes = [
@@ -84,10 +88,21 @@ class FakeEngine:
             return JSONResponse(self._prefilled(body, request_id=request.headers.get("x-request-id", "fake")))
         if self.decode_gate is not None:
             await self.decode_gate.wait()
+        usage = self._usage(body)
         if body.get("stream"):
-            return StreamingResponse(self._sse(is_chat=request.url.path.endswith("/chat/completions")),
+            wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return StreamingResponse(self._sse(is_chat=request.url.path.endswith("/chat/completions"),
+                                               usage=usage if wants_usage else None),
                                      media_type="text/event-stream")
-        return JSONResponse({"choices": [{"text": "".join(self.words)}], "usage": {"completion_tokens": len(self.words)}})
+        return JSONResponse({"choices": [{"text": "".join(self.words)}], "usage": usage})
+
+    def _usage(self, body: dict[str, Any]) -> dict[str, Any]:
+        prompt_tokens = len(self._prompt_ids(body))
+        usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": len(self.words),
+                                 "total_tokens": prompt_tokens + len(self.words)}
+        if self.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return usage
 
     def _past_context(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """vLLM's refusal of a prompt that leaves no room in the context for one output token
@@ -122,7 +137,7 @@ class FakeEngine:
                 "usage": {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1},
                 "kv_transfer_params": {**KV_PARAMS, "remote_num_tokens": len(ids) - self.prefill_stops_short}}
 
-    async def _sse(self, *, is_chat: bool):  # type: ignore[no-untyped-def]
+    async def _sse(self, *, is_chat: bool, usage: dict[str, Any] | None = None):  # type: ignore[no-untyped-def]
         try:
             if is_chat:  # vLLM opens a chat stream with the role, as OpenAI does
                 yield f"data: {json.dumps({'choices': [{'delta': {'role': 'assistant', 'content': ''}}]})}\n\n".encode()
@@ -138,6 +153,8 @@ class FakeEngine:
                     self.metrics_text = self.metrics_when_decoding
                 choice = {"delta": {"content": word}} if is_chat else {"text": word}
                 yield f"data: {json.dumps({'choices': [choice]})}\n\n".encode()
+            if usage is not None:  # vLLM's last event with include_usage: compact JSON, no choices
+                yield f"data: {json.dumps({'choices': [], 'usage': usage}, separators=(',', ':'))}\n\n".encode()
             yield b"data: [DONE]\n\n"
         except (asyncio.CancelledError, GeneratorExit):
             self.streams_closed_early += 1

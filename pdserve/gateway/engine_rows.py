@@ -25,6 +25,7 @@ class EngineRow:
     is_healthy: bool
     in_flight: int  # legs the gateway has open on it
     routed: int  # legs the gateway has sent it
+    kv_recomputed: int = 0  # a prefill engine's handoffs its decode engines computed again (pd/kv_proof.py)
     running: float | None = None
     waiting: float | None = None
     kv_usage: float | None = None  # 0..1
@@ -39,7 +40,8 @@ def engine_rows(pool: Pool, *, now_s: float, max_age_s: float) -> list[EngineRow
         for endpoint in pool.all(role):
             load, age_s = endpoint.load, endpoint.load.age_s(now_s)
             row = EngineRow(role=role, url=endpoint.url, is_healthy=endpoint.is_healthy,
-                            in_flight=endpoint.in_flight, routed=endpoint.routed)
+                            in_flight=endpoint.in_flight, routed=endpoint.routed,
+                            kv_recomputed=endpoint.kv_recomputed)
             if age_s <= max_age_s:
                 row = replace(row, running=load.running, waiting=load.waiting, kv_usage=load.kv_usage,
                               prefix_hit_rate=load.prefix_hit_rate, load_age_s=round(age_s, 3))

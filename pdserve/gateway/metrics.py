@@ -96,6 +96,11 @@ class GatewayMetrics:
             "pdserve_kv_releases", "KV handoffs no decode leg took, given back to their prefill engine.",
             registry=self.registry,
         )
+        self.kv_recomputed = Counter(
+            "pdserve_kv_recomputed", "PD requests whose decode engine computed the prompt again rather than "
+            "pulling its KV: its usage's cached tokens fell short of the prefilled ones (pd/kv_proof.py), by reason.",
+            ["reason"], registry=self.registry,
+        )
         self.disaggregation_decisions = Counter(
             "pdserve_disaggregation_decisions",
             "Requests by how they were served (pd: prefill engine then decode engine; local: the decode "

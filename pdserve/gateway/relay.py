@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -23,10 +23,11 @@ from pdserve.gateway.handoffs import Handoffs
 from pdserve.gateway.metrics import GatewayMetrics, ModeMetrics
 from pdserve.gateway.recent import FinishedRequest, RecentRequests, status_of
 from pdserve.gateway.tracing import LegTrace
-from pdserve.pd import first_token, legs, resume
+from pdserve.pd import first_token, kv_proof, legs, resume
 from pdserve.pd.engine_http import EngineReply, EngineUnreachable
 from pdserve.pd.first_token import Lead
 from pdserve.pd.kv import KVTransferParams
+from pdserve.pd.kv_proof import KvOutcome, RecomputeReason
 from pdserve.pd.native_relay import Handback, NativeRelay, RelayCancelled, Ticket
 from pdserve.protocol import SSE_DONE, sse_error_event
 from pdserve.role import Role
@@ -53,6 +54,13 @@ class LegFailedHook(Protocol):
     def __call__(self, endpoint: Endpoint, request_id: str, exc: Exception, *, is_unreachable: bool) -> None: ...
 
 
+class KvJudgedHook(Protocol):
+    """Counts, logs and feeds the breaker one handoff's outcome (Orchestrator.kv_judged)."""
+
+    def __call__(self, kv: KVTransferParams, request_id: str, *, outcome: KvOutcome,
+                 reason: RecomputeReason | None, decode_url: str) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class DecodeLeg:
     """A decode engine's open reply and the engine slot it holds (released by ``close``)."""
@@ -75,13 +83,13 @@ class Relay:
     def __init__(
         self, call: Call, leg: DecodeLeg | asyncio.Task[DecodeLeg], *, mode: Mode, prefill_done_s: float | None,
         kv: KVTransferParams | None, reopen: Callable[[dict[str, Any]], Awaitable[DecodeLeg]],
-        leg_failed: LegFailedHook, spec: GatewaySpec, metrics: GatewayMetrics, handoffs: Handoffs,
+        leg_failed: LegFailedHook, kv_judged: KvJudgedHook, spec: GatewaySpec, metrics: GatewayMetrics, handoffs: Handoffs,
         recent: RecentRequests, lead: Lead | None = None, native: NativeRelay | None = None,
     ) -> None:
         """``lead``: the prefill engine's token, sent before the decode engine's (pd/first_token.py).
         ``leg``: the decode engine's open reply, or, behind a lead, the task opening it while the lead goes out.
         ``native``: the relay thread that takes the steady part of a stream, or None (every chunk in Python)."""
-        self._call, self._reopen, self._leg_failed = call, reopen, leg_failed
+        self._call, self._reopen, self._leg_failed, self._kv_judged = call, reopen, leg_failed, kv_judged
         self._leg: DecodeLeg | None = leg if isinstance(leg, DecodeLeg) else None
         self._opening = None if isinstance(leg, DecodeLeg) else leg
         self._lead = lead  # set: the decode engine counts the lead as prompt in its usage event
@@ -103,6 +111,8 @@ class Relay:
         self._ttft_s: float | None = None
         self._handoff_s: float | None = None
         self._error_code: str | None = None
+        # Whether the prompt crossed as KV, from the decode engine's usage (pd/kv_proof.py); None: no handoff.
+        self._kv_outcome: KvOutcome | None = None if kv is None else KvOutcome.UNKNOWN
 
     async def read_whole(self) -> bytes:
         assert self._leg is not None, "a whole reply has no lead to send while its leg opens"
@@ -112,6 +122,7 @@ class Relay:
                     payload = await self._leg.response.read(idle_timeout_s=self._call.time_left_s(self._spec))
                     self._ttft_s = time.perf_counter() - self._call.arrived_s
                     self._call.trace.first_token()
+                    self._judge_kv(kv_proof.usage_of_reply(payload))
                     break
                 except (EngineUnreachable, TimeoutError) as exc:
                     failed = legs.leg_failed(Role.DECODE, self._leg.endpoint.url, exc, status=200,
@@ -156,8 +167,10 @@ class Relay:
                             chunk, self._drop_role = resume.drop_role_events(chunk), False
                         if ENGINE_ERROR_EVENT in chunk:
                             raise _EngineErrorEvent(*chunk.split(ENGINE_ERROR_EVENT, 1))
-                        if self._lead is not None and first_token.USAGE_MARK in chunk:
-                            chunk = first_token.count_in_usage(chunk)
+                        if self._watches_usage and first_token.USAGE_MARK in chunk:
+                            self._judge_kv(kv_proof.usage_of_events(chunk))
+                            if self._lead is not None:
+                                chunk = first_token.count_in_usage(chunk)
                         now_s = time.perf_counter()
                         if self._previous_s is None:
                             self._first_token(now_s)
@@ -193,7 +206,7 @@ class Relay:
         per-chunk work is due; False, having done nothing, sends it through ``stream``."""
         previous_s, client = self._previous_s, self._client
         if previous_s is None or client is None or not self._is_steady or ENGINE_ERROR_EVENT in chunk or (
-                self._lead is not None and first_token.USAGE_MARK in chunk):
+                self._watches_usage and first_token.USAGE_MARK in chunk):
             return False
         now_s = time.perf_counter()
         if now_s > self._deadline_s or not client.write_now(chunk):
@@ -211,7 +224,7 @@ class Relay:
                 or (client_fd := client.idle_fd) is None):
             return False
         ticket = Ticket(previous_s=previous_s, deadline_s=self._deadline_s,
-                        idle_timeout_s=self._spec.decode_idle_timeout_s, watch_usage=self._lead is not None)
+                        idle_timeout_s=self._spec.decode_idle_timeout_s, watch_usage=self._watches_usage)
         try:
             back = await leg.response.relay_natively(self._native, client_fd, ticket)
         except RelayCancelled as exc:  # the client left after the thread had sent what it read
@@ -232,6 +245,20 @@ class Relay:
             self._previous_s = back.previous_s
             self._sent.append(back.payload)
             self._chunks_in_thread += back.reads - 1
+
+    @property
+    def _watches_usage(self) -> bool:
+        """The usage event must pass here: a lead rewrites it, and a handoff is judged by it."""
+        return self._lead is not None or self._kv_outcome is KvOutcome.UNKNOWN
+
+    def _judge_kv(self, usage: Mapping[str, Any] | None) -> None:
+        """The handoff's outcome from the decode engine's usage, once per request."""
+        if self._kv is None or self._kv_outcome is not KvOutcome.UNKNOWN or self._leg is None:
+            return
+        outcome, reason = kv_proof.judge(usage, prefilled_tokens=self._kv.prompt_tokens)
+        self._kv_outcome = outcome
+        self._kv_judged(self._kv, self._call.request_id, outcome=outcome, reason=reason,
+                        decode_url=self._leg.endpoint.url)
 
     @property
     def _is_steady(self) -> bool:
@@ -288,6 +315,8 @@ class Relay:
             log.error("request_id=%s no other decode engine took the request: %s", self._call.request_id, exc)
             return False
         self._prefill_done_s = None  # what follows is not a KV handoff
+        if self._kv_outcome is KvOutcome.UNKNOWN:
+            self._kv_outcome = None  # nor can its usage judge one
         self._metrics.decode_switches.labels("resumed" if self._sent else "restarted").inc()
         log.warning("request_id=%s moved to decode engine %s after %d chunk(s)",
                     self._call.request_id, self._leg.endpoint.url, len(self._sent))
@@ -352,7 +381,8 @@ class Relay:
             request_id=self._call.request_id, mode=self._mode_name,
             prefill_url=None if self._kv is None else self._kv.prefill_url,
             decode_url=self._decode_url, ttft_s=self._ttft_s, handoff_s=self._handoff_s, e2e_s=elapsed_s,
-            chunks=len(sent) + self._chunks_in_thread, status=status, finished_unix_s=time.time())
+            chunks=len(sent) + self._chunks_in_thread, status=status,
+            kv=None if self._kv_outcome is None else self._kv_outcome.value, finished_unix_s=time.time())
 
 
 def _close_opened(opening: asyncio.Task[DecodeLeg]) -> None:
