@@ -20,6 +20,7 @@ import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Self
 
 SUBNET = "10.77.0"  # hosts are SUBNET.2, .3, ...; /24 on the bridge
 HOST_INTERFACE = "eth0"  # each host's end of its link, as a machine's NIC would be named
@@ -46,10 +47,10 @@ def why_not() -> str | None:
     if missing:
         return f"no {' or '.join(missing)} here: install iproute2 (`make netbed`)"
     probe = f"pdnb-probe-{os.getpid()}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    made = subprocess.run(["ip", "netns", "add", probe], check=False, capture_output=True, text=True)
     if made.returncode != 0:
         return f"`ip netns add` failed: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    subprocess.run(["ip", "netns", "del", probe], check=False, capture_output=True)
     return None
 
 
@@ -63,7 +64,7 @@ class NetBed:
                                  switch_port=f"pdnb{index}-{self._tag}"[:15])
                       for index, name in enumerate(names)}
 
-    def __enter__(self) -> NetBed:
+    def __enter__(self) -> Self:
         try:
             self._make()
         except BaseException:
@@ -89,7 +90,7 @@ class NetBed:
 
     def _remove(self) -> None:
         for namespace in [host.namespace for host in self.hosts.values()] + [self._switch]:
-            subprocess.run(["ip", "netns", "del", namespace], capture_output=True)  # its veth ends go with it
+            subprocess.run(["ip", "netns", "del", namespace], check=False, capture_output=True)  # its veth ends go with it
 
     def rate_limit(self, name: str, *, rate_mbit: int) -> None:
         """Both directions of ``name``'s link at ``rate_mbit``: the host shapes what it sends, its
@@ -102,7 +103,8 @@ class NetBed:
     def clear_limits(self, name: str) -> None:
         host = self.hosts[name]
         for namespace, device in ((host.namespace, HOST_INTERFACE), (self._switch, host.switch_port)):
-            subprocess.run(["tc", "-n", namespace, "qdisc", "del", "dev", device, "root"], capture_output=True)
+            subprocess.run(["tc", "-n", namespace, "qdisc", "del", "dev", device, "root"], check=False,
+                           capture_output=True)
 
     def add_netem(self, name: str, *netem: str) -> None:
         """``netem`` arguments (``delay 10ms``, ``loss 1%``) on what ``name`` sends; raises
