@@ -24,7 +24,8 @@ from pdserve.engines.kv_path import KvPath, kv_path_from_log
 from pdserve.pd.engine_http import EngineClient
 from pdserve.role import Role
 from pdserve.verify import microbench
-from pdserve.verify.checks import NOMINAL_GBPS, Verdict, classify_link, judge, kv_path_problems
+from pdserve.verify.checks import NOMINAL_GBPS, Link, Verdict, classify_link, judge, kv_path_problems
+from pdserve.verify.interface import interface_to
 from pdserve.verify.probe import HandoffProbe, pd_and_local_token_ids, probe_handoff
 from pdserve.verify.transfers import Path as TransferPath
 from pdserve.verify.transfers import PathKind
@@ -46,6 +47,7 @@ class PairReport:
     verdict: Verdict
     is_pd_equal_local: bool | None  # None: no gateway to ask
     path_problems: tuple[str, ...] = ()
+    interface: str = ""  # a network pair's: this host's interface toward the decode engine, and its speed
 
     @property
     def is_ok(self) -> bool:
@@ -89,7 +91,9 @@ async def verify(
     for (prefill, decode), probe in zip(pairs, fastest, strict=True):
         link = classify_link(settings.prefill, settings.decode, prefill_host=urlsplit(prefill.url).hostname or "",
                              decode_host=urlsplit(decode.url).hostname or "")
-        expected = expected_gbps or NOMINAL_GBPS.get(link, 0.0)
+        via = interface_to(urlsplit(decode.url).hostname or "") if link is Link.NETWORK else None
+        # Across hosts the link is judged by the interface's own speed where the kernel knows it.
+        expected = expected_gbps or (via.gbps if via is not None else None) or NOMINAL_GBPS.get(link, 0.0)
         if not expected:  # host memory: measure this machine rather than assume
             expected = await asyncio.to_thread(_host_memcpy_gbps)
         paths = {Role.PREFILL.value: prefill.kv_path, Role.DECODE.value: decode.kv_path}
@@ -101,8 +105,9 @@ async def verify(
             path_problems=tuple(problem for (role, path), engine in zip(paths.items(), (prefill, decode), strict=True)
                                 for problem in kv_path_problems(path, role=role, url=engine.url, is_efa_asked=efa)),
             kv_bytes=probe.engine.bytes, prefill_ms=probe.prefill_s * 1000, decode_ms=probe.decode_s * 1000,
-            verdict=judge(probe, link=link, expected_gbps=expected, min_fraction=min_fraction, slack_ms=slack_ms),
-            is_pd_equal_local=is_equal,
+            verdict=judge(probe, link=link, expected_gbps=expected, min_fraction=min_fraction, slack_ms=slack_ms,
+                          via="" if via is None else via.describe()),
+            is_pd_equal_local=is_equal, interface="" if via is None else via.describe(),
         ))
     return reports
 
@@ -174,7 +179,7 @@ def format_reports(reports: list[PairReport]) -> str:
     header = ("PREFILL", "DECODE", "LINK", "BACKENDS", "PROVIDER", "KV_BUFFER", "TRANSPORTS", "KV_MB",
               "ENGINE_GB/s", "HANDOFF_GB/s", "EXPECTED_GB/s", "PD==LOCAL", "STATUS")
     rows = [header] + [
-        (r.prefill, r.decode, r.verdict.link.value, ",".join(r.backends) or "?", ",".join(r.providers) or "-",
+        (r.prefill, r.decode, f"{r.verdict.link.value} ({r.interface})" if r.interface else r.verdict.link.value, ",".join(r.backends) or "?", ",".join(r.providers) or "-",
          "/".join(path.buffer_device or "?" for path in r.kv_paths.values()), ",".join(r.transports) or "-",
          f"{r.kv_bytes / 1e6:.1f}", f"{r.verdict.measured_gbps:.2f}", f"{r.verdict.handoff_gbps:.2f}",
          f"{r.verdict.expected_gbps:.1f}", {None: "-", True: "yes", False: "NO"}[r.is_pd_equal_local],
