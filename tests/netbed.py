@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Self
 
 SUBNET = "10.77.0"  # hosts are SUBNET.2, .3, ...; /24 on the bridge
+CLIENT_ADDRESS = f"{SUBNET}.1"  # this machine's own port on the switch, where the test's client runs
 HOST_INTERFACE = "eth0"  # each host's end of its link, as a machine's NIC would be named
 _BRIDGE = "br0"
 
@@ -57,8 +58,11 @@ def why_not() -> str | None:
 class NetBed:
     """Hosts by name, made on ``__enter__`` and removed on ``__exit__`` (also after a failure)."""
 
-    def __init__(self, names: Sequence[str], *, tag: str | None = None) -> None:
+    def __init__(self, names: Sequence[str], *, tag: str | None = None, with_client: bool = False) -> None:
+        """``with_client``: this machine's own network stack gets a port too (CLIENT_ADDRESS), so the
+        test itself reaches the hosts; removed with the switch."""
         self._tag = tag or str(os.getpid())
+        self._client_port = f"pdnbc-{self._tag}"[:15] if with_client else None
         self._switch = f"pdnb-{self._tag}-sw"
         self.hosts = {name: Host(name=name, namespace=f"pdnb-{self._tag}-{name}", address=f"{SUBNET}.{index + 2}",
                                  switch_port=f"pdnb{index}-{self._tag}"[:15])
@@ -87,10 +91,18 @@ class NetBed:
             _ip("-n", self._switch, "link", "set", host.switch_port, "master", _BRIDGE, "up")
             _ip("-n", host.namespace, "addr", "add", f"{host.address}/24", "dev", HOST_INTERFACE)
             _ip("-n", host.namespace, "link", "set", HOST_INTERFACE, "up")
+        if self._client_port is not None:
+            switch_end = f"{self._client_port}s"[:15]
+            _ip("link", "add", self._client_port, "type", "veth", "peer", "name", switch_end, "netns", self._switch)
+            _ip("-n", self._switch, "link", "set", switch_end, "master", _BRIDGE, "up")
+            _ip("addr", "add", f"{CLIENT_ADDRESS}/24", "dev", self._client_port)
+            _ip("link", "set", self._client_port, "up")
 
     def _remove(self) -> None:
         for namespace in [host.namespace for host in self.hosts.values()] + [self._switch]:
             subprocess.run(["ip", "netns", "del", namespace], check=False, capture_output=True)  # its veth ends go with it
+        if self._client_port is not None:  # gone with its peer in the switch, unless the switch never was
+            subprocess.run(["ip", "link", "del", self._client_port], check=False, capture_output=True)
 
     def rate_limit(self, name: str, *, rate_mbit: int) -> None:
         """Both directions of ``name``'s link at ``rate_mbit``: the host shapes what it sends, its
