@@ -268,7 +268,9 @@ class LaunchSpec(FrozenSpec):
     cache_dir: str = Field("", description=(
         "where engines keep vLLM's compiled model (VLLM_CACHE_ROOT), so a second start loads it instead of "
         "compiling for minutes; empty = vLLM's own ~/.cache/vllm"))
-    engine_host: str = Field("127.0.0.1", description="address engines bind to")
+    engine_host: str = Field("127.0.0.1", description=(
+        "address engines bind to, and the one they give other hosts for their KV (NIXL's side channel) and "
+        "the gateway reaches them at: on separate machines, this machine's address on the link between them"))
     restart_backoff_s: float = Field(2.0, gt=0, description="first restart delay, doubled each time")
     mps: MpsMode = Field("auto", description=(
         "CUDA MPS daemon when engines share a GPU; auto = if nvidia-cuda-mps-control is installed"))
@@ -278,6 +280,11 @@ class LaunchSpec(FrozenSpec):
         "`pdserve scale` down: how long a removed engine may finish what it runs before it is stopped anyway"))
 
     _mps_on_off = field_validator("mps", mode="before")(yaml_on_off)
+
+    @property
+    def engine_address(self) -> str:
+        """Where launched engines are reached: ``engine_host``, or this host's loopback for a wildcard bind."""
+        return LOCAL_ENGINE_HOST if self.engine_host in ("0.0.0.0", "::", "") else self.engine_host
 
 
 class EngineSpec(FrozenSpec):
@@ -338,7 +345,7 @@ class Settings(FrozenSpec):
             role=role, index=index, port=pool.base_port + index, side_channel_port=side_channel_port,
             gpu_ids=pool.gpu_ids[index * tp : (index + 1) * tp],
             cpu_threads_bind=pool.cpu_threads_bind[index % len(pool.cpu_threads_bind)] if pool.cpu_threads_bind else "",
-            pool=pool,
+            pool=pool, host=self.launch.engine_address,
         )
 
     def endpoint_urls(self, role: Role, *, scalable: bool = False) -> list[str]:
@@ -346,7 +353,7 @@ class Settings(FrozenSpec):
         ``scalable``, every engine `pdserve scale` may launch there too (up to max_engines_per_pool)."""
         pool = self.pool(role)
         count = max(pool.engines, self.launch.max_engines_per_pool) if scalable else pool.engines
-        launched = [f"http://{LOCAL_ENGINE_HOST}:{pool.base_port + index}" for index in range(count)]
+        launched = [f"http://{self.launch.engine_address}:{pool.base_port + index}" for index in range(count)]
         return launched + list(pool.urls)
 
     @model_validator(mode="before")

@@ -1,0 +1,120 @@
+"""A PD deployment on the bed of hosts (tests/netbed.py): the gateway, one prefill engine and one
+decode engine, each in a namespace of its own and configured as a user configures separate machines
+(its own engines bound to its address, the others by address). Used by tests/e2e/test_netbed.py and
+bench/netbed_links.py. Engines run from the configured model (``PDSERVE_MODEL__PATH`` picks another).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from pdserve.config import DEMO_MODEL_NAME
+from tests.netbed import NetBed
+
+ENGINE_PORT = {"prefill": 8100, "decode": 8200}
+GATEWAY_PORT = 8000
+READY_TIMEOUT_S = 900.0
+PROMPT = "The module provides functions for reading and writing files, sockets and other streams. " * 3
+
+
+@dataclass
+class Deployment:
+    bed: NetBed
+    gateway_url: str
+    processes: dict[str, subprocess.Popen[str]]
+    logs: dict[str, Path]
+
+    def url(self, role: str) -> str:
+        return f"http://{self.bed.hosts[role].address}:{ENGINE_PORT[role]}"
+
+    def log(self, name: str) -> str:
+        return self.logs[name].read_text(errors="replace")
+
+
+def host_config(bed: NetBed, name: str) -> dict[str, Any]:
+    """What a user writes on each machine: its own engines bound to its address, the others by address."""
+    def urls(role: str) -> list[str]:
+        return [f"http://{bed.hosts[role].address}:{ENGINE_PORT[role]}"]
+
+    config: dict[str, Any] = {
+        "prefill": {"engines": 1 if name == "prefill" else 0, "base_port": ENGINE_PORT["prefill"]},
+        "decode": {"engines": 1 if name == "decode" else 0, "base_port": ENGINE_PORT["decode"]},
+        "launch": {"engine_host": bed.hosts[name].address, "ready_timeout_s": READY_TIMEOUT_S},
+        "gateway": {"host": bed.hosts[name].address, "port": GATEWAY_PORT, "eject_after_failures": 1,
+                    "eject_for_s": 5.0},
+    }
+    for role in ("prefill", "decode"):
+        if role != name:
+            config[role]["urls"] = urls(role)
+    return config
+
+
+def _until_ready(deployed: Deployment) -> None:
+    deadline_s = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline_s:
+        for name, process in deployed.processes.items():
+            assert process.poll() is None, f"{name} exited:\n{deployed.log(name)[-3000:]}"
+        try:
+            if httpx.get(deployed.gateway_url + "/health/ready", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    raise AssertionError("the bed never became ready:\n" + "\n".join(
+        f"--- {name}\n{deployed.log(name)[-2000:]}" for name in deployed.processes))
+
+
+def complete(deployed: Deployment, *, mode: str, request_id: str) -> dict[str, Any]:
+    body = {"model": DEMO_MODEL_NAME, "prompt": PROMPT, "max_tokens": 16, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}
+    reply = httpx.post(deployed.gateway_url + "/v1/completions", json=body, timeout=300,
+                       headers={"X-PD-Mode": mode, "X-Request-Id": request_id})
+    assert reply.status_code == 200, reply.text
+    answer: dict[str, Any] = reply.json()
+    return answer
+
+
+def recent(deployed: Deployment, request_id: str) -> dict[str, Any]:
+    requests = httpx.get(deployed.gateway_url + "/dashboard/state", timeout=30).json()["requests"]
+    (request,) = [request for request in requests if request["request_id"] == request_id]
+    found: dict[str, Any] = request
+    return found
+
+
+@contextmanager
+def deployed(workdir: Path, *, tag: str = "pd") -> Iterator[Deployment]:
+    """The bed and the deployment on it, ready (the gateway's /health/ready), for the block; all
+    processes stopped and the bed removed after it."""
+    with NetBed(["prefill", "decode", "gateway"], tag=tag, with_client=True) as bed:
+        processes: dict[str, subprocess.Popen[str]] = {}
+        logs = {name: workdir / f"{name}.log" for name in bed.hosts}
+        try:
+            for name in bed.hosts:
+                config = workdir / f"{name}.yaml"
+                config.write_text(yaml.safe_dump(host_config(bed, name)))
+                command = ([sys.executable, "-m", "pdserve", "serve", "--config", str(config)] if name == "gateway"
+                           else [sys.executable, "-m", "tests.netbed_engines", str(config)])
+                processes[name] = subprocess.Popen(bed.hosts[name].argv(*command), stdout=logs[name].open("w"),
+                                                   stderr=subprocess.STDOUT, text=True, cwd=Path.cwd())
+            deployment = Deployment(bed, f"http://{bed.hosts['gateway'].address}:{GATEWAY_PORT}", processes, logs)
+            _until_ready(deployment)
+            yield deployment
+        finally:
+            for process in processes.values():
+                process.terminate()
+            for process in processes.values():
+                try:
+                    process.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
