@@ -6,6 +6,7 @@ bench/netbed_links.py. Engines run from the configured model (``PDSERVE_MODEL__P
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -24,6 +25,11 @@ from tests.netbed import NetBed
 ENGINE_PORT = {"prefill": 8100, "decode": 8200}
 GATEWAY_PORT = 8000
 READY_TIMEOUT_S = 900.0
+# Network namespaces share this machine's system id and IPC namespace, so UCX would take them for one
+# host and move KV through shared memory, never the veth (UCX src/uct/sm/base/sm_iface.c: its shared-
+# memory transports reach an address of the same system id and IPC namespace). On separate machines
+# without RDMA it takes tcp: the bed says so.
+ACROSS_HOSTS_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "eth0"}
 PROMPT = "The module provides functions for reading and writing files, sockets and other streams. " * 3
 
 
@@ -105,7 +111,8 @@ def deployed(workdir: Path, *, tag: str = "pd") -> Iterator[Deployment]:
                 command = ([sys.executable, "-m", "pdserve", "serve", "--config", str(config)] if name == "gateway"
                            else [sys.executable, "-m", "tests.netbed_engines", str(config)])
                 processes[name] = subprocess.Popen(bed.hosts[name].argv(*command), stdout=logs[name].open("w"),
-                                                   stderr=subprocess.STDOUT, text=True, cwd=Path.cwd())
+                                                   stderr=subprocess.STDOUT, text=True, cwd=Path.cwd(),
+                                                   env={**os.environ, **ACROSS_HOSTS_ENV})
             deployment = Deployment(bed, f"http://{bed.hosts['gateway'].address}:{GATEWAY_PORT}", processes, logs)
             _until_ready(deployment)
             yield deployment
