@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pdserve.config import DEMO_MODEL_NAME
 from tests import netbed
-from tests.netbed_pd import Deployment, deployed
+from tests.netbed_pd import Deployment, deployed, recent
 
 PROMPT = "The module provides functions for reading and writing files, sockets and other streams. " * 12
 
@@ -40,9 +40,7 @@ def streamed(deployment: Deployment, *, mode: str, request_id: str) -> dict[str,
         for line in reply.iter_lines():
             if ttft_s is None and line.startswith("data: {"):
                 ttft_s = time.perf_counter() - started_s
-    requests = httpx.get(deployment.gateway_url + "/dashboard/state", timeout=30).json()["requests"]
-    record = next(request for request in requests if request["request_id"] == request_id)
-    return {"mode": mode, "client_ttft_s": ttft_s, **record}
+    return {"mode": mode, "client_ttft_s": ttft_s, **recent(deployment, request_id)}
 
 
 def verify(deployment: Deployment) -> dict[str, Any]:

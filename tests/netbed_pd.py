@@ -91,10 +91,15 @@ def complete(deployed: Deployment, *, mode: str, request_id: str) -> dict[str, A
 
 
 def recent(deployed: Deployment, request_id: str) -> dict[str, Any]:
-    requests = httpx.get(deployed.gateway_url + "/dashboard/state", timeout=30).json()["requests"]
-    (request,) = [request for request in requests if request["request_id"] == request_id]
-    found: dict[str, Any] = request
-    return found
+    """The live page's record of ``request_id``. Each gateway worker lists its own requests, and each
+    new connection may land on either: ask until the one that served it answers."""
+    for _ in range(50):
+        requests = httpx.get(deployed.gateway_url + "/dashboard/state", timeout=30).json()["requests"]
+        found = [request for request in requests if request["request_id"] == request_id]
+        if found:
+            record: dict[str, Any] = found[0]
+            return record
+    raise AssertionError(f"no gateway worker lists {request_id}")
 
 
 @contextmanager

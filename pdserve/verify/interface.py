@@ -29,14 +29,23 @@ class Interface:
 
 
 def device_of_route(route: str) -> str | None:
-    """The ``dev`` of one line of ``ip -o route get`` output; None if it names none. Pure."""
+    """The ``dev`` of one line of ``ip -o route get`` output; None if it names none, or the address
+    is this host's own (a ``local`` route: loopback, whatever the address). Pure."""
+    if route.startswith("local "):
+        return None
     found = re.search(r"\bdev (\S+)", route)
     return found.group(1) if found else None
 
 
+def link_interface(addresses: list[str], *, sys_net: Path = _SYS_NET) -> Interface | None:
+    """The interface toward the first of ``addresses`` (a pair's engines, decode first) that is not
+    this host: run on an engine's host, the one toward its peer. None if none has one."""
+    return next((found for address in addresses if (found := interface_to(address, sys_net=sys_net))), None)
+
+
 def interface_to(address: str, *, sys_net: Path = _SYS_NET) -> Interface | None:
     """The interface this host would send to ``address`` on; None where ``ip`` cannot say (no route,
-    no iproute2, a host name it cannot resolve)."""
+    no iproute2, a host name it cannot resolve) or ``address`` is this host's own."""
     try:
         out = subprocess.run(["ip", "-o", "route", "get", address], check=False, capture_output=True, text=True,
                              timeout=5)

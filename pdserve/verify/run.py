@@ -25,7 +25,7 @@ from pdserve.pd.engine_http import EngineClient
 from pdserve.role import Role
 from pdserve.verify import microbench
 from pdserve.verify.checks import NOMINAL_GBPS, Link, Verdict, classify_link, judge, kv_path_problems
-from pdserve.verify.interface import interface_to
+from pdserve.verify.interface import link_interface
 from pdserve.verify.probe import HandoffProbe, pd_and_local_token_ids, probe_handoff
 from pdserve.verify.transfers import Path as TransferPath
 from pdserve.verify.transfers import PathKind
@@ -91,7 +91,8 @@ async def verify(
     for (prefill, decode), probe in zip(pairs, fastest, strict=True):
         link = classify_link(settings.prefill, settings.decode, prefill_host=urlsplit(prefill.url).hostname or "",
                              decode_host=urlsplit(decode.url).hostname or "")
-        via = interface_to(urlsplit(decode.url).hostname or "") if link is Link.NETWORK else None
+        via = link_interface([urlsplit(url).hostname or "" for url in (decode.url, prefill.url)]
+                             ) if link is Link.NETWORK else None
         # Across hosts the link is judged by the interface's own speed where the kernel knows it.
         expected = expected_gbps or (via.gbps if via is not None else None) or NOMINAL_GBPS.get(link, 0.0)
         if not expected:  # host memory: measure this machine rather than assume

@@ -1,26 +1,35 @@
 from __future__ import annotations
 
-from pathlib import Path
+import subprocess
+import sys
+
+import pytest
 
 from pdserve.pd.transfer_stats import TransferCounters
 from pdserve.verify.checks import Link, judge
 from pdserve.verify.interface import Interface, device_of_route, interface_to
+from tests import netbed
+from tests.netbed import NetBed
 from tests.verify.test_checks import probe
 
 
 def test_the_route_names_the_device() -> None:
     assert device_of_route("10.77.0.3 dev eth0 src 10.77.0.2 uid 0 \\    cache ") == "eth0"
-    assert device_of_route("local 127.0.0.1 dev lo src 127.0.0.1 uid 0 \\    cache <local> ") == "lo"
+    assert device_of_route("local 10.77.0.3 dev lo table local src 10.77.0.3 uid 0 \\    cache <local> ") is None
     assert device_of_route("") is None
 
 
-def test_the_interface_to_an_address_has_the_kernels_speed_where_it_knows_it(tmp_path: Path) -> None:
-    (tmp_path / "lo").mkdir()
-    (tmp_path / "lo" / "speed").write_text("25000\n")
-    assert interface_to("127.0.0.1", sys_net=tmp_path) == Interface("lo", 25000)
-    (tmp_path / "lo" / "speed").write_text("-1\n")  # what a NIC without a link reports
-    assert interface_to("127.0.0.1", sys_net=tmp_path) == Interface("lo", None)
-    assert interface_to("127.0.0.1", sys_net=tmp_path / "none") == Interface("lo", None)  # loopback: EINVAL
+@pytest.mark.skipif((reason := netbed.why_not()) is not None, reason=f"NO NETWORK BED: {reason}")
+def test_the_interface_toward_the_peer_has_the_kernels_speed_where_it_knows_it() -> None:
+    """Run on the decode engine's host, the link is the route toward the prefill engine's."""
+    with NetBed(["prefill", "decode"], tag="vi") as bed:
+        decode, prefill = bed.hosts["decode"], bed.hosts["prefill"]
+        code = ("import sys; from pdserve.verify.interface import link_interface; "
+                "print(link_interface(sys.argv[1:]).describe())")
+        out = subprocess.run(decode.argv(sys.executable, "-c", code, decode.address, prefill.address),
+                             check=True, capture_output=True, text=True)
+    assert out.stdout.strip() == "eth0, 10000 Mb/s"  # a veth's speed; never loopback's
+    assert interface_to("127.0.0.1") is None  # this host's own: no link to judge
     assert Interface("eth0", 10000).gbps == 1.25
 
 
