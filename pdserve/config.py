@@ -147,6 +147,10 @@ class GatewaySpec(FrozenSpec):
     prefill_timeout_s: float = Field(300.0, gt=0, description="whole prefill leg")
     first_token_timeout_s: float = Field(120.0, gt=0, description=(
         "from sending the decode leg to its first byte: the KV pull and the wait in a busy engine's queue"))
+    kv_pull_timeout_s: float = Field(60.0, gt=0, description=(
+        "a PD request's first token from its decode engine, at most this long after the decode leg is sent; "
+        "past it the KV pull is taken for lost (a link cut between the engines mid-pull hangs it: vLLM times "
+        "it out only at the prefill engine's lease) and a decode engine, the same one too, prefills the request itself"))
     decode_idle_timeout_s: float = Field(30.0, gt=0, description="longest silence between tokens once they flow")
     request_timeout_s: float = Field(3600.0, gt=0, description="whole request, first byte to last token")
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, description="larger request bodies get 413")

@@ -45,6 +45,9 @@ class FakeEngine:
     # gives it (entrypoints/openai/chat_completion/serving.py, num_cached_tokens); None: no details.
     # The prompt's length: its KV came over; 0: the engine computed it again (its pull failed).
     cached_tokens: int | None = None
+    # When given, a decode request with a handoff waits for it, as vLLM's does when the link to the prefill
+    # engine is cut mid-pull: the request stays in WAITING_FOR_REMOTE_KVS (v1/core/sched/scheduler.py), no error.
+    pull_gate: asyncio.Event | None = None
 
     def app(self) -> Starlette:
         routes = [
@@ -88,11 +91,14 @@ class FakeEngine:
             return JSONResponse(self._prefilled(body, request_id=request.headers.get("x-request-id", "fake")))
         if self.decode_gate is not None:
             await self.decode_gate.wait()
+        gate = self.pull_gate if body.get("kv_transfer_params") else None
+        if gate is not None and not body.get("stream"):  # vLLM answers a whole reply once it is done
+            await gate.wait()
         usage = self._usage(body)
         if body.get("stream"):
             wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(self._sse(is_chat=request.url.path.endswith("/chat/completions"),
-                                               usage=usage if wants_usage else None),
+                                               usage=usage if wants_usage else None, gate=gate),
                                      media_type="text/event-stream")
         return JSONResponse({"choices": [{"text": "".join(self.words)}], "usage": usage})
 
@@ -137,8 +143,11 @@ class FakeEngine:
                 "usage": {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1},
                 "kv_transfer_params": {**KV_PARAMS, "remote_num_tokens": len(ids) - self.prefill_stops_short}}
 
-    async def _sse(self, *, is_chat: bool, usage: dict[str, Any] | None = None):  # type: ignore[no-untyped-def]
+    async def _sse(self, *, is_chat: bool, usage: dict[str, Any] | None = None,  # type: ignore[no-untyped-def]
+                   gate: asyncio.Event | None = None):
         try:
+            if gate is not None:  # vLLM's stream opens at once; its first event waits for the KV
+                await gate.wait()
             if is_chat:  # vLLM opens a chat stream with the role, as OpenAI does
                 yield f"data: {json.dumps({'choices': [{'delta': {'role': 'assistant', 'content': ''}}]})}\n\n".encode()
             for index, word in enumerate(self.words):

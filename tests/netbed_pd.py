@@ -30,6 +30,7 @@ READY_TIMEOUT_S = 900.0
 # memory transports reach an address of the same system id and IPC namespace). On separate machines
 # without RDMA it takes tcp: the bed says so.
 ACROSS_HOSTS_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "eth0"}
+KV_PULL_TIMEOUT_S = 10.0  # what a request across a cut link waits before its decode engine prefills it
 PROMPT = "The module provides functions for reading and writing files, sockets and other streams. " * 3
 
 
@@ -57,7 +58,7 @@ def host_config(bed: NetBed, name: str) -> dict[str, Any]:
         "decode": {"engines": 1 if name == "decode" else 0, "base_port": ENGINE_PORT["decode"]},
         "launch": {"engine_host": bed.hosts[name].address, "ready_timeout_s": READY_TIMEOUT_S},
         "gateway": {"host": bed.hosts[name].address, "port": GATEWAY_PORT, "eject_after_failures": 1,
-                    "eject_for_s": 5.0},
+                    "eject_for_s": 5.0, "kv_pull_timeout_s": KV_PULL_TIMEOUT_S},
     }
     for role in ("prefill", "decode"):
         if role != name:
@@ -88,6 +89,16 @@ def complete(deployed: Deployment, *, mode: str, request_id: str) -> dict[str, A
     assert reply.status_code == 200, reply.text
     answer: dict[str, Any] = reply.json()
     return answer
+
+
+def stream(deployed: Deployment, *, request_id: str) -> bytes:
+    """A streamed PD request (with usage, which proves the KV crossed: pd/kv_proof.py); its whole reply."""
+    body = {"model": DEMO_MODEL_NAME, "prompt": PROMPT, "max_tokens": 16, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    reply = httpx.post(deployed.gateway_url + "/v1/completions", json=body, timeout=300,
+                       headers={"X-PD-Mode": "pd", "X-Request-Id": request_id})
+    assert reply.status_code == 200, reply.text
+    return reply.content
 
 
 def recent(deployed: Deployment, request_id: str) -> dict[str, Any]:

@@ -114,8 +114,14 @@ class Orchestrator:
             leg = asyncio.create_task(open_leg(over_cap=True))
         else:
             leg = await open_leg()
+        def reopen(body: dict[str, Any], again: Endpoint | None = None) -> Awaitable[DecodeLeg]:
+            """``body`` on a decode engine not tried yet, or ``again`` (its pull was lost, not its fault)."""
+            if again is not None and again in tried:
+                tried.remove(again)
+            return self._open_decode(call, body, tried, decode_policy, over_cap=True)
+
         relay = Relay(call, leg, mode=Mode.PD if kv is not None else Mode.LOCAL, prefill_done_s=prefill_done_s, kv=kv,
-                      lead=lead, reopen=lambda body: self._open_decode(call, body, tried, decode_policy, over_cap=True),
+                      lead=lead, reopen=reopen,
                       leg_failed=self.leg_failed, kv_judged=self.kv_judged, spec=self._spec, metrics=self._metrics, handoffs=self._handoffs,
                       recent=self.recent, native=self._native)
         if call.is_stream:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -54,6 +54,12 @@ class LegFailedHook(Protocol):
     def __call__(self, endpoint: Endpoint, request_id: str, exc: Exception, *, is_unreachable: bool) -> None: ...
 
 
+class Reopen(Protocol):
+    """Opens a body on a decode engine not tried yet, or on ``again`` (Orchestrator.run's reopen)."""
+
+    def __call__(self, body: dict[str, Any], again: Endpoint | None = None) -> Awaitable[DecodeLeg]: ...
+
+
 class KvJudgedHook(Protocol):
     """Counts, logs and feeds the breaker one handoff's outcome (Orchestrator.kv_judged)."""
 
@@ -82,7 +88,7 @@ class Relay:
 
     def __init__(
         self, call: Call, leg: DecodeLeg | asyncio.Task[DecodeLeg], *, mode: Mode, prefill_done_s: float | None,
-        kv: KVTransferParams | None, reopen: Callable[[dict[str, Any]], Awaitable[DecodeLeg]],
+        kv: KVTransferParams | None, reopen: Reopen,
         leg_failed: LegFailedHook, kv_judged: KvJudgedHook, spec: GatewaySpec, metrics: GatewayMetrics, handoffs: Handoffs,
         recent: RecentRequests, lead: Lead | None = None, native: NativeRelay | None = None,
     ) -> None:
@@ -160,7 +166,8 @@ class Relay:
             while True:
                 assert self._leg is not None
                 try:
-                    async for chunk in self._leg.response.chunks(first_timeout_s=self._spec.first_token_timeout_s,
+                    async for chunk in self._leg.response.chunks(first_timeout_s=self._first_timeout_s(
+                                                                     self._spec.first_token_timeout_s),
                                                                  idle_timeout_s=self._spec.decode_idle_timeout_s,
                                                                  push=push, hand_over=hand_over):
                         if self._drop_role:
@@ -186,6 +193,13 @@ class Relay:
                         yield chunk
                     return
                 except (EngineUnreachable, TimeoutError) as exc:
+                    if isinstance(exc, TimeoutError) and self._prefill_done_s is not None:
+                        if not await self._pull_lost():
+                            yield self._error_event("the KV pull was lost and no decode engine took the request again",
+                                                    "decode_stream_failed")
+                            return
+                        self._drop_role = bool(sent) and self._call.path == resume.CHAT_PATH
+                        continue
                     failure = legs.leg_failed(Role.DECODE, self._leg.endpoint.url, exc, status=200,
                                               timeout_s=self._spec.decode_idle_timeout_s)
                 except _EngineErrorEvent as exc:  # the request failed there, not in its input: go on elsewhere
@@ -304,13 +318,35 @@ class Relay:
             return None
         return self._error_event("the decode engine's stream broke", "decode_stream_failed")
 
-    async def _switch(self, failure: LegFailed, body: dict[str, Any]) -> bool:
-        """Close the failed leg and open ``body`` on another decode engine; False if none took it."""
+    def _first_timeout_s(self, timeout_s: float) -> float:
+        """A stream's wait for the decode engine's first token: while a KV handoff is pending, at most
+        ``kv_pull_timeout_s`` (a pull across a cut link hangs rather than fails). A whole reply's
+        headers come with its last token, so a hung pull there is not told from a long reply: it
+        waits for the request's deadline."""
+        return min(timeout_s, self._spec.kv_pull_timeout_s) if self._prefill_done_s is not None else timeout_s
+
+    async def _pull_lost(self) -> bool:
+        """No first token within ``kv_pull_timeout_s`` of a handoff: the pull is taken for lost (counted
+        as recomputed, the prefill engine's breaker told) and the request, which nothing of the decode
+        engine's reached the client yet, goes again with no handoff, to the same engine too: the link
+        failed, not it. False if none took it."""
+        assert self._leg is not None and self._kv is not None
+        endpoint = self._leg.endpoint
+        self._kv_outcome = KvOutcome.RECOMPUTED
+        self._kv_judged(self._kv, self._call.request_id, outcome=KvOutcome.RECOMPUTED,
+                        reason=RecomputeReason.PULL_TIMEOUT, decode_url=endpoint.url)
+        whole = self._call.body if not self._sent else self._lead.continuation if self._lead is not None else None
+        return whole is not None and await self._switch(None, whole, again=endpoint)
+
+    async def _switch(self, failure: LegFailed | None, body: dict[str, Any], *, again: Endpoint | None = None) -> bool:
+        """Close the leg (``failure``: counted against its engine) and open ``body`` on another decode
+        engine, or on ``again``; False if none took it."""
         assert self._leg is not None
-        self._leg_failed(self._leg.endpoint, self._call.request_id, failure, is_unreachable=False)
+        if failure is not None:
+            self._leg_failed(self._leg.endpoint, self._call.request_id, failure, is_unreachable=False)
         self._leg.close()
         try:
-            self._leg = await self._reopen(body)
+            self._leg = await self._reopen(body, again)
         except PdserveError as exc:
             log.error("request_id=%s no other decode engine took the request: %s", self._call.request_id, exc)
             return False

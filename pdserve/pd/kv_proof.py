@@ -35,6 +35,7 @@ class RecomputeReason(enum.Enum):
     """The ``reason`` label of pdserve_kv_recomputed_total."""
 
     PULL_FAILED = "pull_failed"  # none of the prefilled prompt came over
+    PULL_TIMEOUT = "pull_timeout"  # no first token within gateway.kv_pull_timeout_s: the gateway gave up on it
     PULL_SHORT = "pull_short"  # fewer came than were prefilled (blocks lost mid-pull, or a failed pull with local hits)
 
 

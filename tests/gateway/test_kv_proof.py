@@ -4,6 +4,7 @@ and the live page; and its prefill engine leaves the rotation after repeated fai
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import aiohttp
@@ -55,3 +56,27 @@ async def test_a_pulled_prompt_is_shown_as_pulled_and_counts_nothing() -> None:
             request = (await reply.json())["requests"][0]
     assert status == 200 and request["kv"] == "pulled"
     assert "pdserve_kv_recomputed_total{" not in metrics
+
+
+async def test_a_stream_whose_pull_hangs_is_given_up_recomputed_on_the_same_engine_and_its_pair_ejected(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A link cut between the engines mid-pull hangs the pull (vLLM does not time it out); the decode
+    engine is not at fault, so it is asked again, without the handoff."""
+    prefill, decode = FakeEngine(), FakeEngine()
+    async with gateway_over([prefill], [decode], kv_pull_timeout_s=0.5, eject_after_failures=1) as base:
+        decode.pull_gate = asyncio.Event()  # after the gateway's warm-up
+        caplog.set_level(logging.WARNING)
+        try:
+            status, payload = await asyncio.wait_for(post(base, STREAM), timeout=10)
+        finally:
+            decode.pull_gate.set()  # the hung handler may end, for the fake engine to stop
+        metrics = await metrics_of(base)
+        async with aiohttp.ClientSession() as session, session.get(base + "/dashboard/state") as reply:
+            request = (await reply.json())["requests"][0]
+    assert status == 200 and b"error" not in payload and b"Hello" in payload
+    assert (request["mode"], request["kv"]) == ("pd", "recomputed")
+    assert 'pdserve_kv_recomputed_total{reason="pull_timeout"} 1.0' in metrics
+    assert any("EJECTED" in record.getMessage() and "KV pulls failed" in record.getMessage()
+               for record in caplog.records)
+    retried = [body for body in decode.bodies if not body.get("kv_transfer_params")]
+    assert len(retried) == 1, "the same decode engine prefilled the request itself"
