@@ -39,14 +39,18 @@ class RecomputeReason(enum.Enum):
     PULL_SHORT = "pull_short"  # fewer came than were prefilled (blocks lost mid-pull, or a failed pull with local hits)
 
 
-def judge(usage: Mapping[str, Any] | None, *, prefilled_tokens: int) -> tuple[KvOutcome, RecomputeReason | None]:
-    """The outcome of one decode leg from its ``usage`` object (an OpenAI usage, or None) and the
-    prompt tokens its prefill engine computed; the reason when RECOMPUTED."""
+def judge(usage: Mapping[str, Any] | None, *, prefilled_tokens: int,
+          block_tokens: int = 0) -> tuple[KvOutcome, RecomputeReason | None]:
+    """The outcome of one decode leg from its ``usage`` object (an OpenAI usage, or None), the prompt
+    tokens its prefill engine computed and its KV block size (0: unknown); the reason when RECOMPUTED.
+    The decode engine may compute the last token and the last partial block itself (vLLM's connector
+    moves whole blocks), so a shortfall of up
+    to a block and a token is still a pull."""
     details = (usage or {}).get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
     if not isinstance(cached, int) or prefilled_tokens <= 0:
         return KvOutcome.UNKNOWN, None
-    if cached >= prefilled_tokens:
+    if cached >= prefilled_tokens - block_tokens - 1:
         return KvOutcome.PULLED, None
     return KvOutcome.RECOMPUTED, RecomputeReason.PULL_FAILED if cached == 0 else RecomputeReason.PULL_SHORT
 

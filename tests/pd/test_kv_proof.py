@@ -10,6 +10,8 @@ def test_cached_tokens_short_of_the_prefilled_ones_mean_the_prompt_was_computed_
         return {"prompt_tokens": 40, "prompt_tokens_details": {"cached_tokens": cached}}
 
     assert judge(usage(40), prefilled_tokens=40) == (KvOutcome.PULLED, None)
+    assert judge(usage(32), prefilled_tokens=40, block_tokens=16) == (KvOutcome.PULLED, None)  # its last partial block
+    assert judge(usage(39), prefilled_tokens=40) == (KvOutcome.PULLED, None)  # its last token
     assert judge(usage(0), prefilled_tokens=40) == (KvOutcome.RECOMPUTED, RecomputeReason.PULL_FAILED)
     assert judge(usage(16), prefilled_tokens=40) == (KvOutcome.RECOMPUTED, RecomputeReason.PULL_SHORT)
     assert judge({"prompt_tokens": 40}, prefilled_tokens=40) == (KvOutcome.UNKNOWN, None)  # no details asked
