@@ -44,8 +44,7 @@ def judge(usage: Mapping[str, Any] | None, *, prefilled_tokens: int,
     """The outcome of one decode leg from its ``usage`` object (an OpenAI usage, or None), the prompt
     tokens its prefill engine computed and its KV block size (0: unknown); the reason when RECOMPUTED.
     The decode engine may compute the last token and the last partial block itself (vLLM's connector
-    moves whole blocks), so a shortfall of up
-    to a block and a token is still a pull."""
+    moves whole blocks), so a shortfall of up to a block and a token is still a pull."""
     details = (usage or {}).get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
     if not isinstance(cached, int) or prefilled_tokens <= 0:
