@@ -40,13 +40,15 @@ def test_pd_across_hosts_equals_local_and_the_kv_crossed_the_link(deployment: De
 
 
 def test_verify_across_hosts_names_the_interface_and_fails_a_1_gbit_link(deployment: Deployment) -> None:
-    """Run on the decode host: the interface toward its engine's peer is its eth0 (a veth: 10000 Mb/s)."""
+    """Run on the decode host: the interface toward its engine's peer is its eth0 (a veth: 10000 Mb/s).
+    At the default bar (10% of 1.25 GB/s) a 1 Gbit/s link sits on the line itself; 15% keeps clear of it."""
     decode = deployment.bed.hosts["decode"]
     config = deployment.logs["decode"].with_name("decode.yaml")
 
     def verify() -> tuple[int, list[dict[str, Any]], str]:
         out = subprocess.run(decode.argv(sys.executable, "-m", "pdserve", "verify", "--config", str(config),
-                                         "--gateway-url", deployment.gateway_url, "--json", "--probes", "2"),
+                                         "--gateway-url", deployment.gateway_url, "--json", "--probes", "2",
+                                         "--min-fraction", "0.15"),
                              check=False, capture_output=True, text=True, timeout=600)
         return out.returncode, json.loads(out.stdout or "[]"), out.stderr
 
