@@ -31,6 +31,7 @@ READY_TIMEOUT_S = 900.0
 # without RDMA it takes tcp: the bed says so.
 ACROSS_HOSTS_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "eth0"}
 KV_PULL_TIMEOUT_S = 10.0  # what a request across a cut link waits before its decode engine prefills it
+EJECT_FOR_S = 20.0  # long enough that the request after a cut one still finds its prefill engine out
 PROMPT = "The module provides functions for reading and writing files, sockets and other streams. " * 3
 
 
@@ -48,7 +49,7 @@ class Deployment:
         return self.logs[name].read_text(errors="replace")
 
 
-def host_config(bed: NetBed, name: str) -> dict[str, Any]:
+def host_config(bed: NetBed, name: str, *, workdir: Path) -> dict[str, Any]:
     """What a user writes on each machine: its own engines bound to its address, the others by address."""
     def urls(role: str) -> list[str]:
         return [f"http://{bed.hosts[role].address}:{ENGINE_PORT[role]}"]
@@ -56,9 +57,10 @@ def host_config(bed: NetBed, name: str) -> dict[str, Any]:
     config: dict[str, Any] = {
         "prefill": {"engines": 1 if name == "prefill" else 0, "base_port": ENGINE_PORT["prefill"]},
         "decode": {"engines": 1 if name == "decode" else 0, "base_port": ENGINE_PORT["decode"]},
-        "launch": {"engine_host": bed.hosts[name].address, "ready_timeout_s": READY_TIMEOUT_S},
+        "launch": {"engine_host": bed.hosts[name].address, "ready_timeout_s": READY_TIMEOUT_S,
+                   "log_dir": str(workdir / f"{name}-logs")},
         "gateway": {"host": bed.hosts[name].address, "port": GATEWAY_PORT, "eject_after_failures": 1,
-                    "eject_for_s": 5.0, "kv_pull_timeout_s": KV_PULL_TIMEOUT_S},
+                    "eject_for_s": EJECT_FOR_S, "kv_pull_timeout_s": KV_PULL_TIMEOUT_S},
     }
     for role in ("prefill", "decode"):
         if role != name:
@@ -123,7 +125,7 @@ def deployed(workdir: Path, *, tag: str = "pd") -> Iterator[Deployment]:
         try:
             for name in bed.hosts:
                 config = workdir / f"{name}.yaml"
-                config.write_text(yaml.safe_dump(host_config(bed, name)))
+                config.write_text(yaml.safe_dump(host_config(bed, name, workdir=workdir)))
                 command = ([sys.executable, "-m", "pdserve", "serve", "--config", str(config)] if name == "gateway"
                            else [sys.executable, "-m", "tests.netbed_engines", str(config)])
                 processes[name] = subprocess.Popen(bed.hosts[name].argv(*command), stdout=logs[name].open("w"),

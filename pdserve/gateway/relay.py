@@ -269,8 +269,7 @@ class Relay:
         """The handoff's outcome from the decode engine's usage, once per request."""
         if self._kv is None or self._kv_outcome is not KvOutcome.UNKNOWN or self._leg is None:
             return
-        outcome, reason = kv_proof.judge(usage, prefilled_tokens=self._kv.prompt_tokens,
-                                         block_tokens=self._kv.block_size)
+        outcome, reason = kv_proof.judge(usage, prefilled_tokens=self._kv.prompt_tokens)
         self._kv_outcome = outcome
         self._kv_judged(self._kv, self._call.request_id, outcome=outcome, reason=reason,
                         decode_url=self._leg.endpoint.url)

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from pdserve.pd import kv_proof, legs
+from pdserve.pd import legs
 from pdserve.pd.engine_http import EngineClient, EngineReply, EngineUnreachable
 from pdserve.pd.kv import KVTransferParams
 from pdserve.protocol import REQUEST_ID_HEADER
@@ -20,10 +20,8 @@ RELEASE_MODEL = "pdserve-release-kv"
 
 
 def make_body(body: dict[str, Any], kv: KVTransferParams) -> dict[str, Any]:
-    """The client's original request plus the prefill engine's KV parameters, less the one that would
-    make the decode engine report the prefill engine's cached tokens as its own (pd/kv_proof.py). Pure."""
-    fields = {name: value for name, value in kv.fields.items() if name != kv_proof.DROPPED_FIELD}
-    return {**body, "kv_transfer_params": fields}
+    """The client's original request plus the prefill engine's KV parameters. Pure."""
+    return {**body, "kv_transfer_params": dict(kv.fields)}
 
 
 async def open_stream(

@@ -12,7 +12,7 @@ local hits only, fewer than the prefill engine computed. The other candidates na
 ``vllm:prompt_tokens_by_source`` (v1/metrics/loggers.py) splits the same counts by source summed
 over all requests, and the engine's log lines are not ours to parse. 0.32 reports the prefill
 engine's hits instead when the decode leg carries ``remote_prefill_cached_tokens``
-(v1/engine/output_processor.py): ``DROPPED_FIELD``, which pd/decode.py leaves out of the decode leg.
+(v1/engine/output_processor.py): ``DROPPED_FIELD``, which pd/prefill.py leaves out of the handoff.
 """
 
 from __future__ import annotations
@@ -39,17 +39,15 @@ class RecomputeReason(enum.Enum):
     PULL_SHORT = "pull_short"  # fewer came than were prefilled (blocks lost mid-pull, or a failed pull with local hits)
 
 
-def judge(usage: Mapping[str, Any] | None, *, prefilled_tokens: int,
-          block_tokens: int = 0) -> tuple[KvOutcome, RecomputeReason | None]:
-    """The outcome of one decode leg from its ``usage`` object (an OpenAI usage, or None), the prompt
-    tokens its prefill engine computed and its KV block size (0: unknown); the reason when RECOMPUTED.
-    The decode engine may compute the last token and the last partial block itself (vLLM's connector
-    moves whole blocks), so a shortfall of up to a block and a token is still a pull."""
+def judge(usage: Mapping[str, Any] | None, *, prefilled_tokens: int) -> tuple[KvOutcome, RecomputeReason | None]:
+    """The outcome of one decode leg from its ``usage`` object (an OpenAI usage, or None) and the
+    prompt tokens its prefill engine computed; the reason when RECOMPUTED. One token short is still a
+    pull: an engine may compute a prompt's last token itself."""
     details = (usage or {}).get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
     if not isinstance(cached, int) or prefilled_tokens <= 0:
         return KvOutcome.UNKNOWN, None
-    if cached >= prefilled_tokens - block_tokens - 1:
+    if cached >= prefilled_tokens - 1:
         return KvOutcome.PULLED, None
     return KvOutcome.RECOMPUTED, RecomputeReason.PULL_FAILED if cached == 0 else RecomputeReason.PULL_SHORT
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests import netbed
-from tests.netbed_pd import KV_PULL_TIMEOUT_S, Deployment, complete, deployed, recent, stream
+from tests.netbed_pd import EJECT_FOR_S, KV_PULL_TIMEOUT_S, Deployment, complete, deployed, recent, stream
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif((reason := netbed.why_not()) is not None, reason=f"NO NETWORK BED: {reason}")]
@@ -87,7 +87,7 @@ def test_a_partition_between_prefill_and_decode_recomputes_counts_and_ejects_unt
     assert "request_id=bed-cut KV NOT PULLED (pull_timeout)" in log and "KV pulls failed in a row" in log
     # Ejected: the next request did not go to that prefill engine (the decode engine prefilled it alone).
     assert recent(deployment, "bed-after-cut")["prefill_url"] is None
-    time.sleep(6)  # eject_for_s: the pair is tried again, now that the link is back
+    time.sleep(EJECT_FOR_S + 1)  # the pair is tried again, now that the link is back
     stream(deployment, request_id="bed-mended")
     assert recent(deployment, "bed-mended")["kv"] == "pulled"
     print(f"\nstream across the cut link: {elapsed_s:.1f} s")
