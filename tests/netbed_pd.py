@@ -59,7 +59,9 @@ def host_config(bed: NetBed, name: str, *, workdir: Path) -> dict[str, Any]:
         "decode": {"engines": 1 if name == "decode" else 0, "base_port": ENGINE_PORT["decode"]},
         "launch": {"engine_host": bed.hosts[name].address, "ready_timeout_s": READY_TIMEOUT_S,
                    "log_dir": str(workdir / f"{name}-logs")},
-        "gateway": {"host": bed.hosts[name].address, "port": GATEWAY_PORT, "eject_after_failures": 1,
+        # One gateway process: each of several keeps its own circuit breaker, so an ejection one made is
+        # not the others' (docs/reliability.md lists that as open).
+        "gateway": {"host": bed.hosts[name].address, "port": GATEWAY_PORT, "workers": 1, "eject_after_failures": 1,
                     "eject_for_s": EJECT_FOR_S, "kv_pull_timeout_s": KV_PULL_TIMEOUT_S},
     }
     for role in ("prefill", "decode"):

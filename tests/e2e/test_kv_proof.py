@@ -5,7 +5,7 @@ and the live page (docs/reliability.md, "Did the KV cross").
 
 The pull is made to fail as a partition between the engines would: the prefill engine's reply
 reaches the gateway through a small proxy that points ``remote_port`` (its NIXL side channel) at a
-port nobody listens on, so the decode engine's handshake is refused.
+port nobody listens on, under an engine id the decode engine has not met, so its handshake is refused.
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ def unreachable_side_channel(prefill_url: str, dead_port: int) -> Starlette:
         if request.method == "POST" and reply.status_code == 200:
             body = reply.json()
             if isinstance(body.get("kv_transfer_params"), dict):
-                body["kv_transfer_params"]["remote_port"] = dead_port
+                # A new engine id: the decode engine cannot reuse the side channel it opened to the
+                # prefill engine at warm-up, and must handshake at the dead port (vLLM keys them by id).
+                body["kv_transfer_params"].update(remote_port=dead_port, remote_engine_id=f"gone-{dead_port}")
                 return Response(httpx.Response(200, json=body).content, media_type="application/json")
         return Response(reply.content, status_code=reply.status_code, media_type=reply.headers.get("content-type"))
 
