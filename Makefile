@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test unit e2e faults lint browser clean
+.PHONY: setup demo test unit e2e faults lint browser netbed clean
 
 setup: $(STAMP)
 
@@ -43,7 +43,15 @@ browser:
 	else echo "make browser: chromium or chromedriver missing and not root: the browser test will skip" \
 		"(sudo apt-get install chromium chromium-driver)"; fi
 
-test: $(STAMP) lint browser
+# The bed of hosts (tests/netbed.py) makes network namespaces with iproute2's ip and tc, as root.
+netbed:
+	@if command -v ip >/dev/null && command -v tc >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2; \
+	else echo "make netbed: ip or tc missing and not root: the network bed tests will skip" \
+		"(sudo apt-get install iproute2)"; fi
+
+test: $(STAMP) lint browser netbed
 	$(BIN)/pytest
 
 clean:

@@ -178,6 +178,10 @@ class GatewaySpec(FrozenSpec):
     prefill_timeout_s: float = Field(300.0, gt=0, description="whole prefill leg")
     first_token_timeout_s: float = Field(120.0, gt=0, description=(
         "from sending the decode leg to its first byte: the KV pull and the wait in a busy engine's queue"))
+    kv_pull_timeout_s: float = Field(60.0, gt=0, description=(
+        "a PD request's first token from its decode engine, at most this long after the decode leg is sent; "
+        "past it the KV pull is taken for lost (a link cut between the engines mid-pull hangs it: vLLM times "
+        "it out only at the prefill engine's lease) and a decode engine, the same one too, prefills the request itself"))
     decode_idle_timeout_s: float = Field(30.0, gt=0, description="longest silence between tokens once they flow")
     request_timeout_s: float = Field(3600.0, gt=0, description="whole request, first byte to last token")
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, description="larger request bodies get 413")
@@ -300,7 +304,9 @@ class LaunchSpec(FrozenSpec):
     cache_dir: str = Field("", description=(
         "where engines keep vLLM's compiled model (VLLM_CACHE_ROOT), so a second start loads it instead of "
         "compiling for minutes; empty = vLLM's own ~/.cache/vllm"))
-    engine_host: str = Field("127.0.0.1", description="address engines bind to")
+    engine_host: str = Field("127.0.0.1", description=(
+        "address engines bind to, and the one they give other hosts for their KV (NIXL's side channel) and "
+        "the gateway reaches them at: on separate machines, this machine's address on the link between them"))
     restart_backoff_s: float = Field(2.0, gt=0, description="first restart delay, doubled each time")
     mps: MpsMode = Field("auto", description=(
         "CUDA MPS daemon when engines share a GPU; auto = if nvidia-cuda-mps-control is installed"))
@@ -310,6 +316,11 @@ class LaunchSpec(FrozenSpec):
         "`pdserve scale` down: how long a removed engine may finish what it runs before it is stopped anyway"))
 
     _mps_on_off = field_validator("mps", mode="before")(yaml_on_off)
+
+    @property
+    def engine_address(self) -> str:
+        """Where launched engines are reached: ``engine_host``, or this host's loopback for a wildcard bind."""
+        return LOCAL_ENGINE_HOST if self.engine_host in ("0.0.0.0", "::", "") else self.engine_host
 
 
 class EngineSpec(FrozenSpec):
@@ -370,7 +381,7 @@ class Settings(FrozenSpec):
             role=role, index=index, port=pool.base_port + index, side_channel_port=side_channel_port,
             gpu_ids=pool.gpu_ids[index * tp : (index + 1) * tp],
             cpu_threads_bind=pool.cpu_threads_bind[index % len(pool.cpu_threads_bind)] if pool.cpu_threads_bind else "",
-            pool=pool,
+            pool=pool, host=self.launch.engine_address,
         )
 
     def endpoint_urls(self, role: Role, *, scalable: bool = False) -> list[str]:
@@ -378,7 +389,7 @@ class Settings(FrozenSpec):
         ``scalable``, every engine `pdserve scale` may launch there too (up to max_engines_per_pool)."""
         pool = self.pool(role)
         count = max(pool.engines, self.launch.max_engines_per_pool) if scalable else pool.engines
-        launched = [f"http://{LOCAL_ENGINE_HOST}:{pool.base_port + index}" for index in range(count)]
+        launched = [f"http://{self.launch.engine_address}:{pool.base_port + index}" for index in range(count)]
         return launched + list(pool.urls)
 
     @model_validator(mode="before")

@@ -17,8 +17,9 @@ from pdserve.deploy.cluster_view import format_table
 from pdserve.errors import GatewayUnavailable
 from pdserve.gateway.engine_rows import EngineRow, rows_from_json, rows_json
 from pdserve.gateway_address import GatewayTarget, unreachable
+from pdserve.role import Role
 
-HEADER = ("ROLE", "ADDRESS", "HEALTH", "RUNNING", "WAITING", "KV-USAGE", "PREFIX-HIT", "ROUTED")
+HEADER = ("ROLE", "ADDRESS", "HEALTH", "RUNNING", "WAITING", "KV-USAGE", "PREFIX-HIT", "ROUTED", "KV-RECOMPUTED")
 ENGINES_PATH = "/admin/engines"
 NOT_READ = "-"  # a load field the gateway has not read lately
 
@@ -61,7 +62,7 @@ def format_rows(rows: Sequence[EngineRow]) -> str:
     return format_table(HEADER, [(
         row.role.value, row.url.removeprefix("http://"), "healthy" if row.is_healthy else "unhealthy",
         _count(row.running), _count(row.waiting), _percent(row.kv_usage), _percent(row.prefix_hit_rate),
-        str(row.routed),
+        str(row.routed), str(row.kv_recomputed) if row.role is Role.PREFILL else "",
     ) for row in rows])
 
 

@@ -41,6 +41,13 @@ class FakeEngine:
     served_model: str = "pdserve-demo"  # any other model gets vLLM's 404
     words: list[str] = field(default_factory=lambda: list(WORDS))  # what it generates, one token each
     prefill_stops_short: int = 0  # prompt tokens a prefill leaves to the decode engine (1: a hybrid model's)
+    # A decode reply's usage.prompt_tokens_details.cached_tokens, as vLLM with --enable-prompt-tokens-details
+    # gives it (entrypoints/openai/chat_completion/serving.py, num_cached_tokens); None: no details.
+    # The prompt's length: its KV came over; 0: the engine computed it again (its pull failed).
+    cached_tokens: int | None = None
+    # When given, a decode request with a handoff waits for it, as vLLM's does when the link to the prefill
+    # engine is cut mid-pull: the request stays in WAITING_FOR_REMOTE_KVS (v1/core/sched/scheduler.py), no error.
+    pull_gate: asyncio.Event | None = None
 
     def app(self) -> Starlette:
         routes = [
@@ -84,10 +91,24 @@ class FakeEngine:
             return JSONResponse(self._prefilled(body, request_id=request.headers.get("x-request-id", "fake")))
         if self.decode_gate is not None:
             await self.decode_gate.wait()
+        gate = self.pull_gate if body.get("kv_transfer_params") else None
+        if gate is not None and not body.get("stream"):  # vLLM answers a whole reply once it is done
+            await gate.wait()
+        usage = self._usage(body)
         if body.get("stream"):
-            return StreamingResponse(self._sse(is_chat=request.url.path.endswith("/chat/completions")),
+            wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return StreamingResponse(self._sse(is_chat=request.url.path.endswith("/chat/completions"),
+                                               usage=usage if wants_usage else None, gate=gate),
                                      media_type="text/event-stream")
-        return JSONResponse({"choices": [{"text": "".join(self.words)}], "usage": {"completion_tokens": len(self.words)}})
+        return JSONResponse({"choices": [{"text": "".join(self.words)}], "usage": usage})
+
+    def _usage(self, body: dict[str, Any]) -> dict[str, Any]:
+        prompt_tokens = len(self._prompt_ids(body))
+        usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": len(self.words),
+                                 "total_tokens": prompt_tokens + len(self.words)}
+        if self.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return usage
 
     def _past_context(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """vLLM's refusal of a prompt that leaves no room in the context for one output token
@@ -132,8 +153,11 @@ class FakeEngine:
         return {"id": f"cmpl-{request_id}", "object": "text_completion", "created": 1764000000,
                 "model": body.get("model"), "choices": [choice], "usage": usage, "kv_transfer_params": kv_params}
 
-    async def _sse(self, *, is_chat: bool):  # type: ignore[no-untyped-def]
+    async def _sse(self, *, is_chat: bool, usage: dict[str, Any] | None = None,  # type: ignore[no-untyped-def]
+                   gate: asyncio.Event | None = None):
         try:
+            if gate is not None:  # vLLM's stream opens at once; its first event waits for the KV
+                await gate.wait()
             if is_chat:  # vLLM opens a chat stream with the role, as OpenAI does
                 yield f"data: {json.dumps({'choices': [{'delta': {'role': 'assistant', 'content': ''}}]})}\n\n".encode()
             for index, word in enumerate(self.words):
@@ -148,6 +172,8 @@ class FakeEngine:
                     self.metrics_text = self.metrics_when_decoding
                 choice = {"delta": {"content": word}} if is_chat else {"text": word}
                 yield f"data: {json.dumps({'choices': [choice]})}\n\n".encode()
+            if usage is not None:  # vLLM's last event with include_usage: compact JSON, no choices
+                yield f"data: {json.dumps({'choices': [], 'usage': usage}, separators=(',', ':'))}\n\n".encode()
             yield b"data: [DONE]\n\n"
         except (asyncio.CancelledError, GeneratorExit):
             self.streams_closed_early += 1

@@ -92,3 +92,13 @@ def test_log_format_is_text_or_json() -> None:
     assert parse_settings({"launch": {"log_format": "json"}}, source="t").launch.log_format == "json"
     with pytest.raises(ConfigError, match=r"launch\.log_format"):
         parse_settings({"launch": {"log_format": "xml"}}, source="t")
+
+
+def test_engines_on_another_host_give_their_own_address_for_kv_and_legs() -> None:
+    """On separate machines an engine bound to its link's address must also name that address to its
+    peers (NIXL's side channel) and the gateway, or a decode engine elsewhere pulls from its own loopback."""
+    settings = load_settings(overrides={"launch.engine_host": "10.77.0.2", "prefill.engines": 1, "decode.engines": 1})
+    assert {spec.host for spec in settings.engine_specs()} == {"10.77.0.2"}
+    assert settings.endpoint_urls(Role.PREFILL) == [f"http://10.77.0.2:{settings.prefill.base_port}"]
+    wildcard = load_settings(overrides={"launch.engine_host": "0.0.0.0"})
+    assert {spec.host for spec in wildcard.engine_specs()} == {"127.0.0.1"}

@@ -75,6 +75,7 @@ def build_engine_command(
         "--kv-transfer-config", json.dumps(kv_transfer_config(spec, kv, buffer_device=buffer.device,
                                                               is_cross_layer=is_cross_layer, layout=layout.layout)),
         *_block_size_args(spec, kv),
+        "--enable-prompt-tokens-details",  # each reply's cached tokens: proof its KV crossed (pd/kv_proof.py)
         *needs.args,
         *_tracing_args(otlp_traces_endpoint),
         *_cpu_executor_args(pool),

@@ -33,7 +33,7 @@ from pdserve.gateway.admission import Admission
 from pdserve.gateway.call import Call, Reply
 from pdserve.gateway.client_errors import ClientError, client_error
 from pdserve.gateway.disconnect import ClientDisconnected, DisconnectGuard
-from pdserve.gateway.engine_rows import EngineRow, engine_rows, rows_json, with_leg_counts
+from pdserve.gateway.engine_rows import EngineRow, engine_rows, rows_json, with_leg_counts, workers_counted
 from pdserve.gateway.handoffs import Handoffs
 from pdserve.gateway.kv_monitor import KVMonitor
 from pdserve.gateway.metrics import GatewayMetrics
@@ -215,7 +215,10 @@ class Gateway:
         is_ready = all(counts.values())
         body: dict[str, Any] = {"status": "ok" if is_ready else "degraded", "healthy_engines": counts}
         if self.keys.grant(_authorization(request)) >= Access.ADMIN:
-            in_flight = {(row.role, row.url): row.in_flight for row in await self._engine_rows()}
+            rows, counted = await self._engine_rows()
+            in_flight = {(row.role, row.url): row.in_flight for row in rows}
+            if self._worker is not None:  # in_flight is exact for the workers counted: say how many
+                body["in_flight_counted"] = {"workers": counted, "of": self._worker.count}
             body["engines"] = {role.value: [
                 {"url": endpoint.url, "is_healthy": endpoint.is_healthy,
                  "in_flight": in_flight.get((role, endpoint.url), endpoint.in_flight),
@@ -226,15 +229,17 @@ class Gateway:
     async def engines(self, request: Request) -> Response:
         """Every engine's health, load and legs, for the admin only (``pdserve status``)."""
         self.authorize(_authorization(request), Access.ADMIN)
-        return Response(json.dumps(rows_json(await self._engine_rows())), media_type=JSON)
+        return Response(json.dumps(rows_json((await self._engine_rows())[0])), media_type=JSON)
 
-    async def _engine_rows(self) -> list[EngineRow]:
+    async def _engine_rows(self) -> tuple[list[EngineRow], int]:
         """One row per engine, with the legs of the whole gateway: each of gateway.workers counts
-        only its own, and their /metrics summed count all."""
+        only its own, and their /metrics, asked now and summed, count all; and how many workers
+        answered (one that did not in 2 s is left out, gateway/workers.py)."""
         rows = engine_rows(self.pool, now_s=time.monotonic(), max_age_s=self.settings.routing.load_max_age_s)
-        if self._worker is not None:
-            rows = with_leg_counts(rows, (await self._worker.gather_metrics(self.metrics.render())).decode())
-        return rows
+        if self._worker is None:
+            return rows, 1
+        text = (await self._worker.gather_metrics(self.metrics.render())).decode()
+        return with_leg_counts(rows, text), workers_counted(text)
 
     async def scale(self, request: Request) -> Response:
         """GET: the engines `pdserve up` launched, with their states; POST ``{"prefill": N, "decode": M}``:

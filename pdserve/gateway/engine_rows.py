@@ -10,7 +10,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdserve.gateway.metrics import ENGINE_LEGS_IN_FLIGHT, ENGINE_LEGS_SENT
+from pdserve.gateway.metrics import ENGINE_LEGS_IN_FLIGHT, ENGINE_LEGS_SENT, WORKERS_COUNTED
 from pdserve.role import Role
 from pdserve.routing.pool import Pool
 
@@ -25,6 +25,7 @@ class EngineRow:
     is_healthy: bool
     in_flight: int  # legs the gateway has open on it
     routed: int  # legs the gateway has sent it
+    kv_recomputed: int = 0  # a prefill engine's handoffs its decode engines computed again (pd/kv_proof.py)
     running: float | None = None
     waiting: float | None = None
     kv_usage: float | None = None  # 0..1
@@ -39,7 +40,8 @@ def engine_rows(pool: Pool, *, now_s: float, max_age_s: float) -> list[EngineRow
         for endpoint in pool.all(role):
             load, age_s = endpoint.load, endpoint.load.age_s(now_s)
             row = EngineRow(role=role, url=endpoint.url, is_healthy=endpoint.is_healthy,
-                            in_flight=endpoint.in_flight, routed=endpoint.routed)
+                            in_flight=endpoint.in_flight, routed=endpoint.routed,
+                            kv_recomputed=endpoint.kv_recomputed)
             if age_s <= max_age_s:
                 row = replace(row, running=load.running, waiting=load.waiting, kv_usage=load.kv_usage,
                               prefix_hit_rate=load.prefix_hit_rate, load_age_s=round(age_s, 3))
@@ -59,6 +61,13 @@ def with_leg_counts(rows: Sequence[EngineRow], metrics_text: str) -> list[Engine
                     in_flight=int(counts.get((ENGINE_LEGS_IN_FLIGHT, row.role.value, row.url), row.in_flight)),
                     routed=int(counts.get((ENGINE_LEGS_SENT + "_total", row.role.value, row.url), row.routed)))
             for row in rows]
+
+
+def workers_counted(metrics_text: str) -> int:
+    """How many gateway workers' counts ``metrics_text`` (their /metrics summed) holds: a worker
+    that did not answer in time is left out of the sum, and its legs with it."""
+    return int(sum(sample.value for family in text_string_to_metric_families(metrics_text)
+                   for sample in family.samples if sample.name == WORKERS_COUNTED))
 
 
 def rows_json(rows: Sequence[EngineRow]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.7
 _TOKEN_GAP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
 MODES = ("pd", "local")
 ENGINE_LEGS_IN_FLIGHT, ENGINE_LEGS_SENT = "pdserve_engine_legs_in_flight", "pdserve_engine_legs_sent"
+WORKERS_COUNTED = "pdserve_gateway_workers_counted"
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +97,11 @@ class GatewayMetrics:
             "pdserve_kv_releases", "KV handoffs no decode leg took, given back to their prefill engine.",
             registry=self.registry,
         )
+        self.kv_recomputed = Counter(
+            "pdserve_kv_recomputed", "PD requests whose decode engine computed the prompt again rather than "
+            "pulling its KV: its usage's cached tokens fell short of the prefilled ones (pd/kv_proof.py), by reason.",
+            ["reason"], registry=self.registry,
+        )
         self.disaggregation_decisions = Counter(
             "pdserve_disaggregation_decisions",
             "Requests by how they were served (pd: prefill engine then decode engine; local: the decode "
@@ -107,6 +113,10 @@ class GatewayMetrics:
         self.registry.register(self.engine_kv)
         if pool is not None:
             self.registry.register(EngineLegsCollector(pool))
+        # 1 in each process, so a sum over gateway workers (gateway/workers.py) says how many it holds.
+        self.registry.register(_One(GaugeMetricFamily(
+            WORKERS_COUNTED, "Gateway worker processes whose counts this answer sums (gateway.workers "
+            "when every worker answered).", value=1)))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -171,3 +181,11 @@ class EngineLegsCollector(Collector):
                 sent.add_metric([role.value, endpoint.url], endpoint.routed)
         yield in_flight
         yield sent
+
+
+class _One(Collector):
+    def __init__(self, metric: Metric) -> None:
+        self._metric = metric
+
+    def collect(self) -> Iterator[Metric]:
+        yield self._metric

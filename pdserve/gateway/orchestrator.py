@@ -37,6 +37,7 @@ from pdserve.pd import decode, first_events, first_token, prefill
 from pdserve.pd.engine_http import EngineClient, EngineReply
 from pdserve.pd.first_token import FirstToken, Reason
 from pdserve.pd.kv import KVTransferParams
+from pdserve.pd.kv_proof import KvOutcome, RecomputeReason
 from pdserve.pd.lead import Lead, make_lead
 from pdserve.pd.native_relay import NativeRelay
 from pdserve.role import Role
@@ -119,9 +120,15 @@ class Orchestrator:
             leg = asyncio.create_task(open_leg(over_cap=True))
         else:
             leg = await open_leg()
+        def reopen(body: dict[str, Any], again: Endpoint | None = None) -> Awaitable[DecodeLeg]:
+            """``body`` on a decode engine not tried yet, or ``again`` (its pull was lost, not its fault)."""
+            if again is not None and again in tried:
+                tried.remove(again)
+            return self._open_decode(call, body, tried, decode_policy, over_cap=True)
+
         relay = Relay(call, leg, mode=Mode.PD if kv is not None else Mode.LOCAL, prefill_done_s=prefill_done_s, kv=kv,
-                      lead=lead, reopen=lambda body: self._open_decode(call, body, tried, decode_policy, over_cap=True),
-                      leg_failed=self.leg_failed, spec=self._spec, metrics=self._metrics, handoffs=self._handoffs,
+                      lead=lead, reopen=reopen,
+                      leg_failed=self.leg_failed, kv_judged=self.kv_judged, spec=self._spec, metrics=self._metrics, handoffs=self._handoffs,
                       recent=self.recent, native=self._native)
         if call.is_stream:
             return Reply(stream=relay.stream, close=relay.finish, first_chunk_ready=lead is not None)
@@ -276,6 +283,21 @@ class Orchestrator:
         if last_error is not None:
             raise last_error
         raise NoHealthyEndpoint(role)
+
+    def kv_judged(self, kv: KVTransferParams, request_id: str, *, outcome: KvOutcome,
+                  reason: RecomputeReason | None, decode_url: str) -> None:
+        """One handoff's outcome (pd/kv_proof.py): a recompute is counted, logged and fed to the
+        prefill engine's breaker (routing/breaker.py), so pairs whose pulls fail stop getting requests."""
+        prefill = next((endpoint for endpoint in self._pool.all(Role.PREFILL) if endpoint.url == kv.prefill_url), None)
+        if outcome is KvOutcome.PULLED and prefill is not None:
+            breaker.record_pulled(prefill)
+        if outcome is not KvOutcome.RECOMPUTED or reason is None:
+            return
+        self._metrics.kv_recomputed.labels(reason.value).inc()
+        log.warning("request_id=%s KV NOT PULLED (%s): decode engine %s computed the prompt prefill engine %s "
+                    "had computed; check the link between them", request_id, reason.value, decode_url, kv.prefill_url)
+        if prefill is not None and breaker.record_failed_pull(prefill, spec=self._spec, now_s=time.monotonic()):
+            self._metrics.ejections.labels(Role.PREFILL.value).inc()
 
     def leg_failed(self, endpoint: Endpoint, request_id: str, exc: Exception, *, is_unreachable: bool) -> None:
         """Count, log and feed the circuit breaker one failed leg."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -23,11 +23,12 @@ from pdserve.gateway.handoffs import Handoffs
 from pdserve.gateway.metrics import GatewayMetrics, ModeMetrics
 from pdserve.gateway.recent import FinishedRequest, RecentRequests, status_of
 from pdserve.gateway.tracing import LegTrace
-from pdserve.pd import legs, resume
+from pdserve.pd import kv_proof, legs, resume
 from pdserve.pd.engine_http import EngineReply, EngineUnreachable
 from pdserve.pd.kv import KVTransferParams
+from pdserve.pd.kv_proof import KvOutcome, RecomputeReason
 from pdserve.pd.lead import USAGE_MARK, Lead, count_in_usage, drop_echoed
-from pdserve.pd.native_relay import NativeRelay, Ticket
+from pdserve.pd.native_relay import Handback, NativeRelay, RelayCancelled, Ticket
 from pdserve.protocol import SSE_DONE, sse_error_event
 from pdserve.role import Role
 from pdserve.routing.decision import Mode
@@ -53,6 +54,19 @@ class LegFailedHook(Protocol):
     def __call__(self, endpoint: Endpoint, request_id: str, exc: Exception, *, is_unreachable: bool) -> None: ...
 
 
+class Reopen(Protocol):
+    """Opens a body on a decode engine not tried yet, or on ``again`` (Orchestrator.run's reopen)."""
+
+    def __call__(self, body: dict[str, Any], again: Endpoint | None = None) -> Awaitable[DecodeLeg]: ...
+
+
+class KvJudgedHook(Protocol):
+    """Counts, logs and feeds the breaker one handoff's outcome (Orchestrator.kv_judged)."""
+
+    def __call__(self, kv: KVTransferParams, request_id: str, *, outcome: KvOutcome,
+                 reason: RecomputeReason | None, decode_url: str) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class DecodeLeg:
     """A decode engine's open reply and the engine slot it holds (released by ``close``)."""
@@ -74,14 +88,14 @@ class Relay:
 
     def __init__(
         self, call: Call, leg: DecodeLeg | asyncio.Task[DecodeLeg], *, mode: Mode, prefill_done_s: float | None,
-        kv: KVTransferParams | None, reopen: Callable[[dict[str, Any]], Awaitable[DecodeLeg]],
-        leg_failed: LegFailedHook, spec: GatewaySpec, metrics: GatewayMetrics, handoffs: Handoffs,
+        kv: KVTransferParams | None, reopen: Reopen,
+        leg_failed: LegFailedHook, kv_judged: KvJudgedHook, spec: GatewaySpec, metrics: GatewayMetrics, handoffs: Handoffs,
         recent: RecentRequests, lead: Lead | None = None, native: NativeRelay | None = None,
     ) -> None:
         """``lead``: the prefill engine's token, sent before the decode engine's (pd/first_token.py).
         ``leg``: the decode engine's open reply, or, behind a lead, the task opening it while the lead goes out.
         ``native``: the relay thread that takes the steady part of a stream, or None (every chunk in Python)."""
-        self._call, self._reopen, self._leg_failed = call, reopen, leg_failed
+        self._call, self._reopen, self._leg_failed, self._kv_judged = call, reopen, leg_failed, kv_judged
         self._leg: DecodeLeg | None = leg if isinstance(leg, DecodeLeg) else None
         self._opening = None if isinstance(leg, DecodeLeg) else leg
         self._lead = lead
@@ -106,6 +120,8 @@ class Relay:
         self._ttft_s: float | None = None
         self._handoff_s: float | None = None
         self._error_code: str | None = None
+        # Whether the prompt crossed as KV, from the decode engine's usage (pd/kv_proof.py); None: no handoff.
+        self._kv_outcome: KvOutcome | None = None if kv is None else KvOutcome.UNKNOWN
 
     async def read_whole(self) -> bytes:
         assert self._leg is not None, "a whole reply has no lead to send while its leg opens"
@@ -115,6 +131,7 @@ class Relay:
                     payload = await self._leg.response.read(idle_timeout_s=self._call.time_left_s(self._spec))
                     self._ttft_s = time.perf_counter() - self._call.arrived_s
                     self._call.trace.first_token()
+                    self._judge_kv(kv_proof.usage_of_reply(payload))
                     break
                 except (EngineUnreachable, TimeoutError) as exc:
                     failed = legs.leg_failed(Role.DECODE, self._leg.endpoint.url, exc, status=200,
@@ -153,7 +170,8 @@ class Relay:
             while True:
                 assert self._leg is not None
                 try:
-                    async for chunk in self._leg.response.chunks(first_timeout_s=self._spec.first_token_timeout_s,
+                    async for chunk in self._leg.response.chunks(first_timeout_s=self._first_timeout_s(
+                                                                     self._spec.first_token_timeout_s),
                                                                  idle_timeout_s=self._spec.decode_idle_timeout_s,
                                                                  push=push, hand_over=hand_over):
                         if self._drop_role:
@@ -162,8 +180,10 @@ class Relay:
                             continue
                         if ENGINE_ERROR_EVENT in chunk:
                             raise _EngineErrorEvent(*chunk.split(ENGINE_ERROR_EVENT, 1))
-                        if self._rewrites_usage and USAGE_MARK in chunk:
-                            chunk = count_in_usage(chunk)
+                        if self._watches_usage and USAGE_MARK in chunk:
+                            self._judge_kv(kv_proof.usage_of_events(chunk))
+                            if self._rewrites_usage:
+                                chunk = count_in_usage(chunk)
                         now_s = time.perf_counter()
                         if self._previous_s is None:
                             self._first_token(now_s)
@@ -179,6 +199,13 @@ class Relay:
                         yield chunk
                     return
                 except (EngineUnreachable, TimeoutError) as exc:
+                    if isinstance(exc, TimeoutError) and self._prefill_done_s is not None:
+                        if not await self._pull_lost():
+                            yield self._error_event("the KV pull was lost and no decode engine took the request again",
+                                                    "decode_stream_failed")
+                            return
+                        self._drop_role = bool(sent) and self._call.path == resume.CHAT_PATH
+                        continue
                     failure = legs.leg_failed(Role.DECODE, self._leg.endpoint.url, exc, status=200,
                                               timeout_s=self._spec.decode_idle_timeout_s)
                 except _EngineErrorEvent as exc:  # the request failed there, not in its input: go on elsewhere
@@ -200,7 +227,7 @@ class Relay:
         per-chunk work is due; False, having done nothing, sends it through ``stream``."""
         previous_s, client = self._previous_s, self._client
         if previous_s is None or client is None or not self._is_steady or ENGINE_ERROR_EVENT in chunk or (
-                self._rewrites_usage and USAGE_MARK in chunk):
+                self._watches_usage and USAGE_MARK in chunk):
             return False
         now_s = time.perf_counter()
         if now_s > self._deadline_s or not client.write_now(chunk):
@@ -218,19 +245,42 @@ class Relay:
                 or (client_fd := client.idle_fd) is None):
             return False
         ticket = Ticket(previous_s=previous_s, deadline_s=self._deadline_s,
-                        idle_timeout_s=self._spec.decode_idle_timeout_s, watch_usage=self._rewrites_usage)
-        back = await leg.response.relay_natively(self._native, client_fd, ticket)
+                        idle_timeout_s=self._spec.decode_idle_timeout_s, watch_usage=self._watches_usage)
+        try:
+            back = await leg.response.relay_natively(self._native, client_fd, ticket)
+        except RelayCancelled as exc:  # the client left after the thread had sent what it read
+            self._take_relayed(exc.handback)
+            raise
         if back is None:  # the thread could not take it: this stream stays in Python
             self._native = None
             return False
         if back.unsent:
             client.write_framed(back.unsent)
+        self._take_relayed(back)
+        return True
+
+    def _take_relayed(self, back: Handback) -> None:
+        """The relay thread's chunks into the request's timing and record, as if sent here."""
         if back.reads:
             self._mode.itl.add(back.gap_counts, back.gap_sum_s)
             self._previous_s = back.previous_s
             self._sent.append(back.payload)
             self._chunks_in_thread += back.reads - 1
-        return True
+
+    @property
+    def _watches_usage(self) -> bool:
+        """The usage event must pass here: a lead the decode engine had as prompt rewrites it, and a handoff
+        is judged by it."""
+        return self._rewrites_usage or self._kv_outcome is KvOutcome.UNKNOWN
+
+    def _judge_kv(self, usage: Mapping[str, Any] | None) -> None:
+        """The handoff's outcome from the decode engine's usage, once per request."""
+        if self._kv is None or self._kv_outcome is not KvOutcome.UNKNOWN or self._leg is None:
+            return
+        outcome, reason = kv_proof.judge(usage, prefilled_tokens=self._kv.prompt_tokens)
+        self._kv_outcome = outcome
+        self._kv_judged(self._kv, self._call.request_id, outcome=outcome, reason=reason,
+                        decode_url=self._leg.endpoint.url)
 
     @property
     def _is_steady(self) -> bool:
@@ -292,17 +342,41 @@ class Relay:
             return None
         return self._error_event("the decode engine's stream broke", "decode_stream_failed")
 
-    async def _switch(self, failure: LegFailed, body: dict[str, Any]) -> bool:
-        """Close the failed leg and open ``body`` on another decode engine; False if none took it."""
+    def _first_timeout_s(self, timeout_s: float) -> float:
+        """A stream's wait for the decode engine's first token: while a KV handoff is pending, at most
+        ``kv_pull_timeout_s`` (a pull across a cut link hangs rather than fails). A whole reply's
+        headers come with its last token, so a hung pull there is not told from a long reply: it
+        waits for the request's deadline."""
+        return min(timeout_s, self._spec.kv_pull_timeout_s) if self._prefill_done_s is not None else timeout_s
+
+    async def _pull_lost(self) -> bool:
+        """No first token within ``kv_pull_timeout_s`` of a handoff: the pull is taken for lost (counted
+        as recomputed, the prefill engine's breaker told) and the request, which nothing of the decode
+        engine's reached the client yet, goes again with no handoff, to the same engine too: the link
+        failed, not it. False if none took it."""
+        assert self._leg is not None and self._kv is not None
+        endpoint = self._leg.endpoint
+        self._kv_outcome = KvOutcome.RECOMPUTED
+        self._kv_judged(self._kv, self._call.request_id, outcome=KvOutcome.RECOMPUTED,
+                        reason=RecomputeReason.PULL_TIMEOUT, decode_url=endpoint.url)
+        whole = self._call.body if not self._sent else self._lead.continuation if self._lead is not None else None
+        return whole is not None and await self._switch(None, whole, again=endpoint)
+
+    async def _switch(self, failure: LegFailed | None, body: dict[str, Any], *, again: Endpoint | None = None) -> bool:
+        """Close the leg (``failure``: counted against its engine) and open ``body`` on another decode
+        engine, or on ``again``; False if none took it."""
         assert self._leg is not None
-        self._leg_failed(self._leg.endpoint, self._call.request_id, failure, is_unreachable=False)
+        if failure is not None:
+            self._leg_failed(self._leg.endpoint, self._call.request_id, failure, is_unreachable=False)
         self._leg.close()
         try:
-            self._leg = await self._reopen(body)
+            self._leg = await self._reopen(body, again)
         except PdserveError as exc:
             log.error("request_id=%s no other decode engine took the request: %s", self._call.request_id, exc)
             return False
         self._prefill_done_s = None  # what follows is not a KV handoff
+        if self._kv_outcome is KvOutcome.UNKNOWN:
+            self._kv_outcome = None  # nor can its usage judge one
         self._metrics.decode_switches.labels("resumed" if self._sent else "restarted").inc()
         log.warning("request_id=%s moved to decode engine %s after %d chunk(s)",
                     self._call.request_id, self._leg.endpoint.url, len(self._sent))
@@ -367,7 +441,8 @@ class Relay:
             request_id=self._call.request_id, mode=self._mode_name,
             prefill_url=None if self._kv is None else self._kv.prefill_url,
             decode_url=self._decode_url, ttft_s=self._ttft_s, handoff_s=self._handoff_s, e2e_s=elapsed_s,
-            chunks=len(sent) + self._chunks_in_thread, status=status, finished_unix_s=time.time())
+            chunks=len(sent) + self._chunks_in_thread, status=status,
+            kv=None if self._kv_outcome is None else self._kv_outcome.value, finished_unix_s=time.time())
 
 
 def _close_opened(opening: asyncio.Task[DecodeLeg]) -> None:

@@ -58,6 +58,15 @@ class Handback:
     last_bytes_s: float  # when the engine last sent bytes (time.monotonic())
 
 
+class RelayCancelled(asyncio.CancelledError):
+    """The stream's task was cancelled (its client left) after the thread had given the stream
+    back: ``handback`` says what the thread relayed, for the request's record."""
+
+    def __init__(self, handback: Handback) -> None:
+        super().__init__()
+        self.handback = handback
+
+
 @dataclass(frozen=True, slots=True)
 class Ticket:
     """What the thread needs of one stream besides its sockets."""
@@ -92,9 +101,18 @@ class NativeRelay:
         try:
             return await handback
         except asyncio.CancelledError:
-            if self._waiting.pop(stream_id, None) is not None:
-                self._thread.cancel(stream_id)
+            # The thread may have ended the stream already, its handback not yet taken (a client
+            # that leaves at ``data: [DONE]`` races it): what it relayed still goes to the record.
+            back = handback.result() if handback.done() and not handback.cancelled() else self._take_own(stream_id)
+            if back is not None:
+                raise RelayCancelled(back) from None
+            self._thread.cancel(stream_id)
             raise
+
+    def _take_own(self, stream_id: int) -> Handback | None:
+        """Stop waiting for ``stream_id``; its handback if the thread has given it back already."""
+        self._waiting.pop(stream_id, None)
+        return self._hand_back_finished().get(stream_id)
 
     def close(self) -> None:
         self._loop.remove_reader(self._wake_fd)
@@ -106,10 +124,17 @@ class NativeRelay:
             os.eventfd_read(self._wake_fd)
         except BlockingIOError:
             return
+        self._hand_back_finished()
+
+    def _hand_back_finished(self) -> dict[int, Handback]:
+        """The streams the thread gave back since the last look, each to its waiter; all of them, by id."""
+        finished = {}
         for stream_id, ending, *fields in self._thread.take_finished():
+            handback = finished[stream_id] = Handback(Ending(ending), *fields)  # type: ignore[arg-type]  # the C tuple's order
             waiter = self._waiting.pop(stream_id, None)
             if waiter is not None and not waiter.done():
-                waiter.set_result(Handback(Ending(ending), *fields))  # type: ignore[arg-type]  # the C tuple's order
+                waiter.set_result(handback)
+        return finished
 
 
 def start(bounds_s: Sequence[float], *, enabled: bool) -> NativeRelay | None:

@@ -9,7 +9,7 @@ from typing import Any
 import pydantic_core
 
 from pdserve.errors import LegFailed
-from pdserve.pd import first_token, legs
+from pdserve.pd import first_token, kv_proof, legs
 from pdserve.pd.engine_http import EngineClient, EngineUnreachable
 from pdserve.pd.kv import REMOTE_DECODE_REQUEST, KVTransferParams
 from pdserve.role import Role
@@ -71,4 +71,6 @@ async def run(
         raise LegFailed(Role.PREFILL, url, 200, detail)
     prompt_tokens = int((reply.get("usage") or {}).get("prompt_tokens") or 0)
     first = first_token.read(reply) if wants_first_token else None
-    return KVTransferParams(fields=params, prompt_tokens=prompt_tokens, first=first)
+    # Not passed on: the decode engine would report the prefill engine's cached tokens as its own (pd/kv_proof.py).
+    fields = {name: value for name, value in params.items() if name != kv_proof.DROPPED_FIELD}
+    return KVTransferParams(fields=fields, prompt_tokens=prompt_tokens, first=first)

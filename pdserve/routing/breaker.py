@@ -21,13 +21,35 @@ def record_failure(endpoint: Endpoint, *, spec: GatewaySpec, now_s: float) -> bo
     endpoint.failed_legs += 1
     if endpoint.failed_legs < spec.eject_after_failures:
         return False
+    endpoint.failed_legs = spec.eject_after_failures - 1  # half-open: the next failure ejects again
+    _eject(endpoint, spec=spec, now_s=now_s, what="failed legs")
+    return True
+
+
+def record_failed_pull(endpoint: Endpoint, *, spec: GatewaySpec, now_s: float) -> bool:
+    """Count one handoff of prefill ``endpoint`` whose decode engine computed the prompt again (its
+    pull failed); True when that ejects it. Kept apart from failed legs: its prefill legs succeed,
+    and each success would close the breaker again."""
+    endpoint.failed_pulls += 1
+    endpoint.kv_recomputed += 1
+    if endpoint.failed_pulls < spec.eject_after_failures:
+        return False
+    endpoint.failed_pulls = spec.eject_after_failures - 1  # half-open, as for failed legs
+    _eject(endpoint, spec=spec, now_s=now_s, what="KV pulls failed")
+    return True
+
+
+def record_pulled(endpoint: Endpoint) -> None:
+    """A decode engine had a handoff of ``endpoint`` without computing it: its pulls work."""
+    endpoint.failed_pulls = 0
+
+
+def _eject(endpoint: Endpoint, *, spec: GatewaySpec, now_s: float, what: str) -> None:
     pause_s = min(spec.eject_for_s * 2 ** endpoint.ejections_in_row, spec.eject_max_s)
     endpoint.ejected_until_s = now_s + pause_s
     endpoint.ejections_in_row += 1
-    endpoint.failed_legs = spec.eject_after_failures - 1  # half-open: the next failure ejects again
-    log.warning("%s endpoint %s EJECTED for %.0f s after %d failed legs in a row; it is tried again after that",
-                endpoint.role.value, endpoint.url, pause_s, spec.eject_after_failures)
-    return True
+    log.warning("%s endpoint %s EJECTED for %.0f s after %d %s in a row; it is tried again after that",
+                endpoint.role.value, endpoint.url, pause_s, spec.eject_after_failures, what)
 
 
 def record_success(endpoint: Endpoint) -> None:

@@ -28,6 +28,8 @@ class Endpoint:
     failed_legs: int = 0
     ejections_in_row: int = 0
     ejected_until_s: float = 0.0  # time.monotonic()
+    failed_pulls: int = 0  # a prefill engine's handoffs in a row its decode engines computed again (pd/kv_proof.py)
+    kv_recomputed: int = 0  # such handoffs in all, for `pdserve status`
     # The KV path the engine logged (backends, transports, provider, buffer): /health, /metrics, verify.
     kv_path: KvPath = field(default_factory=KvPath)
     load: EngineLoad = field(default_factory=EngineLoad)  # its own /metrics, as last read: set it with take_load

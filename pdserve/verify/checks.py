@@ -40,7 +40,8 @@ ADVICE = {
     Link.SAME_GPU: "GPU engines: UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y (set by pdserve) and a UCX with cuda_ipc; "
                    "see docs/transport.md",
     Link.GPU_TO_GPU: "check UCX lists cuda_ipc and that the GPUs see each other (nvidia-smi topo -m)",
-    Link.NETWORK: "use NIXL's LIBFABRIC backend on EFA (kv.backends), or UCX with rc/ib; TCP is the slow path",
+    Link.NETWORK: "check the link between the engines (a shaped or degraded interface, its speed, its MTU), "
+                  "and use NIXL's LIBFABRIC backend on EFA (kv.backends), or UCX with rc/ib; TCP is the slow path",
 }
 
 
@@ -76,9 +77,10 @@ def _is_loopback(host: str) -> bool:
 
 
 def judge(probe: HandoffProbe, *, link: Link, expected_gbps: float, min_fraction: float,
-          slack_ms: float | None = None) -> Verdict:
+          slack_ms: float | None = None, via: str = "") -> Verdict:
     """Fail when no KV arrived over the connector, a transfer failed, or it ran too slowly: longer
-    than its bytes take at ``min_fraction`` of the link plus ``slack_ms`` (default: by link)."""
+    than its bytes take at ``min_fraction`` of the link plus ``slack_ms`` (default: by link).
+    ``via``: the interface the link was judged by (verify/interface.py), named in the verdict."""
     engine = probe.engine
     problems = []
     if engine.transfers < 1 or engine.bytes <= 0:
@@ -93,8 +95,9 @@ def judge(probe: HandoffProbe, *, link: Link, expected_gbps: float, min_fraction
     slack = SLACK_MS.get(link, 0.0) if slack_ms is None else slack_ms
     if engine.bytes > 0 and _is_slow(engine, bar_gbps=min_fraction * expected_gbps, slack_s=slack / 1000):
         allowing = f", allowing {slack:g} ms a transfer" if slack else ""
+        through = f" through {via}" if via else ""
         problems.append(f"KV moved at {measured_gbps:.3g} GB/s, under {min_fraction:.0%} of the {link.value} "
-                        f"link's {expected_gbps:.3g} GB/s{allowing}. {ADVICE[link]}")
+                        f"link's {expected_gbps:.3g} GB/s{through}{allowing}. {ADVICE[link]}")
     handoff_gbps = engine.bytes / probe.decode_s / 1e9 if probe.decode_s > 0 else 0.0
     return Verdict(link=link, expected_gbps=expected_gbps, measured_gbps=measured_gbps,
                    handoff_gbps=handoff_gbps, problems=tuple(problems))

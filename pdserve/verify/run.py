@@ -26,7 +26,8 @@ from pdserve.gateway_address import GatewayTarget, unreachable
 from pdserve.pd.engine_http import EngineClient
 from pdserve.role import Role
 from pdserve.verify import microbench
-from pdserve.verify.checks import NOMINAL_GBPS, Verdict, classify_link, judge, kv_path_problems
+from pdserve.verify.checks import NOMINAL_GBPS, Link, Verdict, classify_link, judge, kv_path_problems
+from pdserve.verify.interface import link_interface
 from pdserve.verify.probe import HandoffProbe, pd_and_local_token_ids, probe_handoff
 from pdserve.verify.transfers import Path as TransferPath
 from pdserve.verify.transfers import PathKind
@@ -48,6 +49,7 @@ class PairReport:
     verdict: Verdict
     is_pd_equal_local: bool | None  # None: no gateway to ask
     path_problems: tuple[str, ...] = ()
+    interface: str = ""  # a network pair's: this host's interface toward the decode engine, and its speed
 
     @property
     def is_ok(self) -> bool:
@@ -93,7 +95,10 @@ async def verify(
         link = classify_link(settings.prefill, settings.decode, prefill_host=urlsplit(prefill.url).hostname or "",
                              decode_host=urlsplit(decode.url).hostname or "",
                              buffer_devices=(prefill.kv_path.buffer_device, decode.kv_path.buffer_device))
-        expected = expected_gbps or NOMINAL_GBPS.get(link, 0.0)
+        via = link_interface([urlsplit(url).hostname or "" for url in (decode.url, prefill.url)]
+                             ) if link is Link.NETWORK else None
+        # Across hosts the link is judged by the interface's own speed where the kernel knows it.
+        expected = expected_gbps or (via.gbps if via is not None else None) or NOMINAL_GBPS.get(link, 0.0)
         if not expected:  # host memory: measure this machine rather than assume
             expected = await asyncio.to_thread(_host_memcpy_gbps)
         paths = {Role.PREFILL.value: prefill.kv_path, Role.DECODE.value: decode.kv_path}
@@ -106,8 +111,9 @@ async def verify(
                                 for problem in kv_path_problems(path, role=role, url=engine.url, is_efa_asked=efa,
                                                                  link=link)),
             kv_bytes=probe.engine.bytes, prefill_ms=probe.prefill_s * 1000, decode_ms=probe.decode_s * 1000,
-            verdict=judge(probe, link=link, expected_gbps=expected, min_fraction=min_fraction, slack_ms=slack_ms),
-            is_pd_equal_local=is_equal,
+            verdict=judge(probe, link=link, expected_gbps=expected, min_fraction=min_fraction, slack_ms=slack_ms,
+                          via="" if via is None else via.describe()),
+            is_pd_equal_local=is_equal, interface="" if via is None else via.describe(),
         ))
     return reports
 
@@ -186,7 +192,7 @@ def format_reports(reports: list[PairReport]) -> str:
     header = ("PREFILL", "DECODE", "LINK", "BACKENDS", "PROVIDER", "KV_BUFFER", "TRANSPORTS", "KV_MB",
               "ENGINE_GB/s", "HANDOFF_GB/s", "EXPECTED_GB/s", "PD==LOCAL", "STATUS")
     rows = [header] + [
-        (r.prefill, r.decode, r.verdict.link.value, ",".join(r.backends) or "?", ",".join(r.providers) or "-",
+        (r.prefill, r.decode, f"{r.verdict.link.value} ({r.interface})" if r.interface else r.verdict.link.value, ",".join(r.backends) or "?", ",".join(r.providers) or "-",
          "/".join(path.buffer_device or "?" for path in r.kv_paths.values()), ",".join(r.transports) or "-",
          f"{r.kv_bytes / 1e6:.1f}", f"{r.verdict.measured_gbps:.2f}", f"{r.verdict.handoff_gbps:.2f}",
          f"{r.verdict.expected_gbps:.1f}", {None: "-", True: "yes", False: "NO"}[r.is_pd_equal_local],

@@ -86,8 +86,10 @@ async def test_pd_request_runs_prefill_then_decode_with_kv_params(gateway: str, 
     assert prefill_body["kv_transfer_params"]["do_remote_decode"] is True
     assert decode_body["kv_transfer_params"] == {**KV_PARAMS, "remote_num_tokens": 1}  # as the prefill reply had them
     assert decode_body["max_tokens"] == 5 and decode_body["stream"] is True
-    texts = [json.loads(line[6:])["choices"][0]["text"] for line in payload.decode().split("\n\n") if line.startswith("data: {")]
+    events = [json.loads(line[6:]) for line in payload.decode().split("\n\n") if line.startswith("data: {")]
+    texts = [event["choices"][0]["text"] for event in events if event["choices"]]
     assert texts == WORDS and payload.endswith(b"data: [DONE]\n\n")
+    assert events[-1]["usage"]["prompt_tokens"] == 1  # the decode engine's usage event, relayed
 
 
 async def test_local_mode_sends_whole_request_to_decode_engine(gateway: str, engine: tuple[FakeEngine, str]) -> None:

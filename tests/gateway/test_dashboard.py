@@ -32,7 +32,7 @@ async def get(base: str, path: str, headers: dict[str, str] | None = None) -> tu
 
 def finished(request_id: str) -> FinishedRequest:
     return FinishedRequest(request_id=request_id, mode="pd", prefill_url=None, decode_url="http://d", ttft_s=0.1,
-                           handoff_s=None, e2e_s=0.2, chunks=3, status="ok", finished_unix_s=0.0)
+                           handoff_s=None, e2e_s=0.2, chunks=3, kv=None, status="ok", finished_unix_s=0.0)
 
 
 def test_recent_requests_keep_the_last_ones_newest_first() -> None:

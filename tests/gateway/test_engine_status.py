@@ -92,7 +92,7 @@ async def test_pdserve_status_prints_a_table_and_json(gateway: tuple[str, str]) 
     code, table, _ = await pdserve("status", "--gateway-url", base)
     header, *lines = table.splitlines()
     assert code == 0 and header.split() == ["ROLE", "ADDRESS", "HEALTH", "RUNNING", "WAITING", "KV-USAGE",
-                                            "PREFIX-HIT", "ROUTED"]
+                                            "PREFIX-HIT", "ROUTED", "KV-RECOMPUTED"]
     address = url.removeprefix("http://")
     assert [line.split()[:7] for line in lines] == [[role, address, "healthy", "2", "1", "25%", "25%"]
                                                     for role in ("prefill", "decode")]

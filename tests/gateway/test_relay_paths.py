@@ -110,3 +110,28 @@ async def test_a_client_that_stops_reading_gets_every_chunk_in_order_once_it_rea
         assert Ending.CLIENT_BLOCKED in {handback.ending for handback in handbacks}
     else:  # both ways were taken
         assert pushes[False] > 0 and pushes[True] > 0
+
+
+async def test_a_stream_the_thread_completed_is_recorded_whole_when_the_client_leaves_at_its_end_marker(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The live page's "Last requests" said `cut` (1 chunk) for a complete stream: the thread sent
+    every chunk, the client closed its connection at ``data: [DONE]`` (as SSE clients may, before
+    the reply's last chunk), and that disconnect cancelled the relay before the loop took the
+    thread's handback with the chunks' count (a loaded loop: delayed here on purpose)."""
+    take = NativeRelay._take_handbacks
+    monkeypatch.setattr(NativeRelay, "_take_handbacks",
+                        lambda self: asyncio.get_running_loop().call_later(0.3, take, self))
+    fake = FakeEngine(token_delay_s=0.01)
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": True}
+    async with gateway_over([fake], [fake]) as base:
+        read = b""
+        async with aiohttp.ClientSession() as session, session.post(base + "/v1/chat/completions", json=chat) as reply:
+            async for data in reply.content.iter_any():
+                read += data
+                if read.endswith(b"data: [DONE]\n\n"):
+                    break  # and leave: the connection closes
+        await asyncio.sleep(0.6)  # the handback, had it been waited for, came meanwhile
+        async with aiohttp.ClientSession() as session, session.get(base + "/dashboard/state") as reply:
+            request = (await reply.json())["requests"][0]
+    assert text_of(read, key="content") == "".join(WORDS)
+    assert request["status"] == "ok" and request["chunks"] > 1  # the role event, then the thread's reads
