@@ -108,6 +108,9 @@ class FirstToken:
     reply_id: str
     created: int
     model: str
+    # The prefill engine's prompt_tokens_details (cached tokens: engines run --enable-prompt-tokens-details),
+    # for the usage the gateway writes when this token ends the reply; None when the reply had none.
+    prompt_tokens_details: dict[str, Any] | None = None
 
 
 def read(reply: dict[str, Any]) -> FirstToken | Reason:
@@ -126,7 +129,8 @@ def read(reply: dict[str, Any]) -> FirstToken | Reason:
         first = FirstToken(token_id=int(token_id), text=str(text or ""),
                            finish_reason=choice.get("finish_reason"), stop_reason=choice.get("stop_reason"),
                            prompt_token_ids=prompt, reply_id=str(reply["id"]), created=int(reply["created"]),
-                           model=str(reply["model"]))
+                           model=str(reply["model"]),
+                           prompt_tokens_details=(reply.get("usage") or {}).get("prompt_tokens_details"))
     except (KeyError, IndexError, TypeError, ValueError, AttributeError):
         return Reason.PREFILL_REPLY_UNREADABLE
     if computed is not None and int(computed) < len(prompt):

@@ -102,7 +102,8 @@ def _after_lead(event: bytes, *, lead: Lead, path: str) -> tuple[bytes | None, b
 
 def count_in_usage(chunk: bytes) -> bytes:
     """The decode engine's usage event with the first token counted as output, not prompt (a lead that
-    is not forced: that engine had the token as prompt)."""
+    is not forced: that engine had the token as prompt); its cached tokens, which may count that token,
+    no more than the prompt's."""
     events = chunk.split(b"\n\n")
     for index, raw in enumerate(events):
         if USAGE_MARK not in raw or not raw.startswith(SSE_EVENT_PREFIX):
@@ -112,6 +113,9 @@ def count_in_usage(chunk: bytes) -> bytes:
             usage = message["usage"]
             usage["prompt_tokens"] -= 1
             usage["completion_tokens"] += 1
+            details = usage.get("prompt_tokens_details") or {}
+            if details.get("cached_tokens", 0) > usage["prompt_tokens"]:
+                details["cached_tokens"] = usage["prompt_tokens"]
         except (ValueError, KeyError, TypeError):
             continue
         events[index] = first_events.sse(message).rstrip(b"\n")

