@@ -46,6 +46,8 @@ def engine(name: str, *, model_dir: str, served_name: str, args: argparse.Namesp
         config["engine_kwargs"]["language_model_only"] = True
     if args.gdn_prefill_backend:
         config["engine_kwargs"]["gdn_prefill_backend"] = args.gdn_prefill_backend
+    if args.conv_state_layout:
+        config["runtime_env"]["env_vars"]["VLLM_SSM_CONV_STATE_LAYOUT"] = args.conv_state_layout
     if args.batching_interval_ms is not None:
         config["experimental_configs"] = {"stream_batching_interval_ms": args.batching_interval_ms}
     return config
@@ -66,6 +68,8 @@ def main() -> None:
     parser.add_argument("--gdn-prefill-backend", default="",
                         help="a hybrid's GDN prefill kernel; triton on Hopper, where vLLM 0.26's default is missing "
                              "(pdserve/engines/model_layout.py)")
+    parser.add_argument("--conv-state-layout", default="",
+                        help="VLLM_SSM_CONV_STATE_LAYOUT for the engines (DS: vLLM 0.26's NIXL transfer of a hybrid needs it)")
     parser.add_argument("--batching-interval-ms", type=int, default=None,
                         help="Ray Serve LLM's stream_batching_interval_ms (its default: 50)")
     args = parser.parse_args()

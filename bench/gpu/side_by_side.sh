@@ -15,7 +15,8 @@
 #   the gateway's and engines' counters around each (ttft-N/metrics-*.txt, for bench/gpu/ttft_split.py).
 # CASE=reference runs the reference's own case instead: Qwen3.5-9B shape, max_model_len 4096, enforce_eager, 3 GiB of
 # KV cache and an L4's share of the GPU per engine (bench/gpu/l4_share.sh), inter-token SLO 100 ms; REF_BATCHING_MS
-# sets the reference's stream_batching_interval_ms (its docs' own knob; unset: Ray's 50 ms), KV_BUFFER pdserve's. Both
+# sets the reference's stream_batching_interval_ms (its docs' own knob; unset: Ray's 50 ms), REF_MPS=1 runs the reference's
+# engines under CUDA MPS as pdserve runs its own (a daemon started before Ray, its default pipe directory), KV_BUFFER pdserve's. Both
 # serve the text model only (the dummy folder has no image processor) and chat has 3 turns (a 4th passes 4096 tokens).
 # Everything lands in $OUT/side-by-side-$SYSTEM.tgz (bench/, the KV transfer rate from the decode engine's own
 # NIXL histograms, bench/gpu/kv_rate.py, ready.txt, logs); needs the vLLM stage in /tmp/site (../shared/gpu/README.md).
@@ -26,7 +27,7 @@ SHAPE=qwen3-8b MODEL_DIR=/tmp/q8b ITL_SLO_MS=50 REF_ARGS="" TURNS=4
 if [ "${CASE:-}" = reference ]; then
   SHAPE=qwen3.5-9b MODEL_DIR=/tmp/qwen3.5-9b ITL_SLO_MS=100 EAGER=1 MAX_LEN=4096 KV_BYTES=3221225472 MEM=l4 TURNS=3
   source bench/gpu/l4_share.sh
-  REF_ARGS="--max-model-len 4096 --eager --kv-bytes 3221225472 --gpu-memory-utilization $L4_SHARE --gdn-prefill-backend triton --language-model-only"
+  REF_ARGS="--max-model-len 4096 --eager --kv-bytes 3221225472 --gpu-memory-utilization $L4_SHARE --gdn-prefill-backend triton --language-model-only --conv-state-layout DS"
 fi
 [ -n "${REF_BATCHING_MS:-}" ] && REF_ARGS="$REF_ARGS --batching-interval-ms $REF_BATCHING_MS"
 D=/tmp/side-by-side-$SYSTEM; rm -rf $D; mkdir -p $D
@@ -46,10 +47,10 @@ bench() {
 }
 # each rate's load, then its longest requests draining
 levels_s() { echo $(( $(echo "$1" | tr ',' '\n' | grep -c .) * (LOAD_S + 20) )); }
-sweeps() {  # NAME URL: the synthetic sweep, then the chat sweep
-  [ -z "$RATE" ] || bench "$(levels_s "$RATE")" "$1" "$2" bench --input-tokens 3072 --rate "$RATE"
+sweeps() {  # NAME URL: the chat sweep (the reference's request type), then the synthetic sweep
   [ -z "$CHAT_RATE" ] || bench "$(levels_s "$CHAT_RATE")" "$1" "$2" chat --workload chat --prefix-tokens 2048 \
     --input-tokens 256 --turns $TURNS --rate "$CHAT_RATE"
+  [ -z "$RATE" ] || bench "$(levels_s "$RATE")" "$1" "$2" bench --input-tokens 3072 --rate "$RATE"
 }
 case $SYSTEM in
 reference)
@@ -59,6 +60,7 @@ reference)
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/fastapi-0.136.1-*.whl \
     2>&1 | grep -v WARNING; python3 -c "import fastapi; print('fastapi', fastapi.__version__)"
   RAY="python3 -m ray.scripts.scripts"
+  if [ "${REF_MPS:-0}" = 1 ]; then nvidia-cuda-mps-control -d && say "CUDA MPS daemon started for the reference"; fi
   python3 -m pdserve demo-model $MODEL_DIR --shape $SHAPE > /dev/null || exit 1
   $RAY start --head --node-ip-address 127.0.0.1 --num-gpus 1 --num-cpus 16 --dashboard-port 8265 \
     --metrics-export-port 8090 --disable-usage-stats > $D/ray-start.log 2>&1 || { tail -20 $D/ray-start.log; exit 1; }
@@ -69,6 +71,7 @@ reference)
   curl -s http://127.0.0.1:8090/metrics > $D/ray-metrics.txt
   python3 bench/gpu/kv_rate.py $D/ray-metrics.txt | tee $D/kv-rate.json
   $RAY stop --force > /dev/null 2>&1
+  [ "${REF_MPS:-0}" = 1 ] && echo quit | nvidia-cuda-mps-control
   tar czf $D/ray-logs.tgz -C /tmp/ray session_latest/logs 2>/dev/null ;;
 pdserve)
   PORT=9000 COMPILE=vllm LOG_DIR=/tmp/sbs-logs  # CASE=reference: EAGER=1 above outweighs COMPILE
