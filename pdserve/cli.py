@@ -181,19 +181,27 @@ def demo_model(
         "with --load-format dummy (DIR required)."))] = None,
     random_weights: Annotated[bool, typer.Option(help=(
         "With --shape: also seeded random weights, for a tiny shape served on CPU (qwen3-next-tiny)."))] = False,
+    chat_features: Annotated[bool, typer.Option(help=(
+        "A variant with Qwen3's <think> and <tool_call> tags as tokens and a chat template with tools and a "
+        "thinking block, for engines run with --reasoning-parser and --tool-call-parser (default DIR: "
+        "demo-model-chat beside the demo model; with --shape, DIR itself)."))] = False,
 ) -> None:
     """Build the tiny demo model (Qwen3 architecture, local tokenizer), offline; or a real model's shape."""
     if shape is not None:
-        _write_shape(directory, shape, random_weights=random_weights)
+        _write_shape(directory, shape, random_weights=random_weights, chat_features=chat_features)
         return
     from pdserve.demo.model import build_demo_model
 
-    target = directory or _settings(None).demo_model_dir
-    path = build_demo_model(target, progress=_progress)
+    demo_dir = _settings(None).demo_model_dir
+    path = build_demo_model(demo_dir if chat_features else directory or demo_dir, progress=_progress)
+    if chat_features:
+        from pdserve.demo.chat_features import copy_with_chat_features  # torch: only when asked
+
+        path = copy_with_chat_features(path, directory or demo_dir.with_name(demo_dir.name + "-chat"))
     _progress(f"demo model ready at {path}")
 
 
-def _write_shape(directory: Path | None, shape: Shape, *, random_weights: bool) -> None:
+def _write_shape(directory: Path | None, shape: Shape, *, random_weights: bool, chat_features: bool) -> None:
     """``demo-model DIR --shape``: exit 2 without DIR, 1 when DIR holds other files."""
     from pdserve.demo.shapes import kv_bytes_per_token, write_shape_model
 
@@ -209,6 +217,10 @@ def _write_shape(directory: Path | None, shape: Shape, *, random_weights: bool) 
         from pdserve.demo.random_weights import write_random_weights  # torch + transformers: only when asked
 
         write_random_weights(directory)
+    if chat_features:
+        from pdserve.demo.chat_features import add_chat_features
+
+        add_chat_features(directory)
     weights = "seeded random weights" if random_weights else "no weights: serve with --load-format dummy"
     _progress(f"{shape} shape ready at {directory} ({weights}; "
               f"KV cache {kv_bytes_per_token(shape):,} bytes per token)")

@@ -123,6 +123,16 @@ class PoolSpec(FrozenSpec):
         """Whether its engines run a reasoning or tool-call parser over chat output (extra_args)."""
         return any(arg == flag or arg.startswith(f"{flag}=") for arg in self.extra_args for flag in _CHAT_PARSER_FLAGS)
 
+    @property
+    def tool_call_parser(self) -> str | None:
+        """The tool-call parser its engines run (--tool-call-parser in extra_args), if any."""
+        for index, arg in enumerate(self.extra_args):
+            if arg.startswith("--tool-call-parser="):
+                return arg.split("=", 1)[1]
+            if arg == "--tool-call-parser" and index + 1 < len(self.extra_args):
+                return self.extra_args[index + 1]
+        return None
+
     @model_validator(mode="after")
     def _check_gpus(self) -> PoolSpec:
         if self.device == "cuda" and self.engines:

@@ -64,6 +64,7 @@ class _Sampling(BaseModel):
     stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool | None = None
     return_token_ids: bool | None = None
+    structured_outputs: dict[str, Any] | None = None  # vLLM's guided decoding (json, regex, choice, grammar, ...)
 
 
 class ChatMessage(BaseModel):

@@ -48,6 +48,10 @@ class FakeEngine:
     # When given, a decode request with a handoff waits for it, as vLLM's does when the link to the prefill
     # engine is cut mid-pull: the request stays in WAITING_FOR_REMOTE_KVS (v1/core/sched/scheduler.py), no error.
     pull_gate: asyncio.Event | None = None
+    # As engines with a reasoning or tool-call parser: the delta its chat stream writes for each word (None: no
+    # event, a tag the parser holds), and the message of a whole one-token reply (the parser's reading of it).
+    chat_deltas: list[dict[str, Any] | None] | None = None
+    first_message: dict[str, Any] | None = None
 
     def app(self) -> Starlette:
         routes = [
@@ -137,7 +141,8 @@ class FakeEngine:
         kv_params = {**KV_PARAMS, "remote_num_tokens": len(ids) - self.prefill_stops_short}
         usage = {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1}
         if "messages" in body:  # a chat reply (vLLM 0.32 chat_completion/serving.py:1095-1205): prompt ids beside the choices
-            message = {"role": "assistant", "content": self.words[0], "reasoning": None, "tool_calls": []}
+            message = self.first_message or {"role": "assistant", "content": self.words[0], "reasoning": None,
+                                             "tool_calls": []}
             chat_choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": "length",
                                            "stop_reason": None, "token_ids": None}
             reply: dict[str, Any] = {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": 1764000000,
@@ -170,7 +175,10 @@ class FakeEngine:
                 await asyncio.sleep(self.token_delay_s)
                 if index == 0 and self.metrics_when_decoding is not None:  # the KV pull ends before decoding starts
                     self.metrics_text = self.metrics_when_decoding
-                choice = {"delta": {"content": word}} if is_chat else {"text": word}
+                delta = {"content": word} if self.chat_deltas is None else self.chat_deltas[index]
+                if is_chat and delta is None:
+                    continue
+                choice = {"delta": delta} if is_chat else {"text": word}
                 yield f"data: {json.dumps({'choices': [choice]})}\n\n".encode()
             if usage is not None:  # vLLM's last event with include_usage: compact JSON, no choices
                 yield f"data: {json.dumps({'choices': [], 'usage': usage}, separators=(',', ':'))}\n\n".encode()

@@ -102,3 +102,11 @@ def test_engines_on_another_host_give_their_own_address_for_kv_and_legs() -> Non
     assert settings.endpoint_urls(Role.PREFILL) == [f"http://10.77.0.2:{settings.prefill.base_port}"]
     wildcard = load_settings(overrides={"launch.engine_host": "0.0.0.0"})
     assert {spec.host for spec in wildcard.engine_specs()} == {"127.0.0.1"}
+
+
+def test_a_pool_names_the_tool_call_parser_its_engines_run() -> None:
+    from pdserve.config import PoolSpec
+
+    assert PoolSpec(extra_args=["--tool-call-parser", "hermes"]).tool_call_parser == "hermes"
+    assert PoolSpec(extra_args=["--tool-call-parser=hermes", "--enable-auto-tool-choice"]).tool_call_parser == "hermes"
+    assert PoolSpec(extra_args=["--reasoning-parser", "qwen3"]).tool_call_parser is None

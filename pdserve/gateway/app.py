@@ -105,6 +105,7 @@ class Gateway:
                 max_model_len=lambda: cards.max_model_len, native=native,
                 decode_forces_first_token=self.settings.decode.forces_first_token,
                 engines_parse_chat=self.settings.prefill.parses_chat or self.settings.decode.parses_chat,
+                tool_call_parser=self.settings.decode.tool_call_parser or self.settings.prefill.tool_call_parser,
             )
             watchers = [
                 asyncio.create_task(self.source.follow(self.pool)),

@@ -33,7 +33,7 @@ from pdserve.gateway.metrics import GatewayMetrics
 from pdserve.gateway.recent import RecentRequests
 from pdserve.gateway.relay import DecodeLeg, Relay
 from pdserve.gateway.tracing import LegTrace
-from pdserve.pd import decode, first_events, first_token, prefill
+from pdserve.pd import decode, first_delta, first_events, first_token, prefill, resume
 from pdserve.pd.engine_http import EngineClient, EngineReply
 from pdserve.pd.first_token import FirstToken, Reason
 from pdserve.pd.kv import KVTransferParams
@@ -58,12 +58,15 @@ class Orchestrator:
         spec: GatewaySpec, connector: str, metrics: GatewayMetrics, handoffs: Handoffs,
         recent: RecentRequests | None = None, max_model_len: Callable[[], int | None] = lambda: None,
         native: NativeRelay | None = None, decode_forces_first_token: bool = False, engines_parse_chat: bool = False,
+        tool_call_parser: str | None = None,
     ) -> None:
         """``max_model_len``: the engines' context length, once known (gateway/model_card.py).
         ``native``: the relay thread streams go to after their first token (pd/native_relay.py), if any.
         ``decode_forces_first_token``, ``engines_parse_chat``: what the engines can do with the prefill engine's
-        token (config.py's PoolSpec.forces_first_token, parses_chat; pd/first_token.py)."""
+        token (config.py's PoolSpec.forces_first_token, parses_chat; pd/first_token.py); ``tool_call_parser``:
+        the one they run (pd/first_delta.py)."""
         self._decode_forces_first_token, self._engines_parse_chat = decode_forces_first_token, engines_parse_chat
+        self._tool_call_parser = tool_call_parser
         self._client, self._pool, self._admission, self._router = client, pool, admission, router
         self._max_model_len, self._native = max_model_len, native
         self._spec, self._connector, self._metrics, self._handoffs = spec, connector, metrics, handoffs
@@ -155,7 +158,10 @@ class Orchestrator:
             return Reason.LOCAL
         if isinstance(kv.first, Reason):
             return kv.first
-        return first_token.for_client(call.body, kv.first, path=call.path, max_model_len=self._max_model_len())
+        first = first_token.for_client(call.body, kv.first, path=call.path, max_model_len=self._max_model_len())
+        if call.path != resume.CHAT_PATH or not self._engines_parse_chat:
+            return first
+        return first_delta.parsed_delta(call.body, first, tool_call_parser=self._tool_call_parser)
 
     def _count_first_token(self, call: Call, reason: Reason) -> None:
         source = Role.PREFILL if reason is Reason.ELIGIBLE else Role.DECODE

@@ -21,7 +21,8 @@ RESPONSE_ROLE = "assistant"  # vLLM's --response-role default: the role of a rep
 
 def token_events(body: dict[str, Any], first: FirstToken, *, path: str, text: str) -> bytes:
     """The events one engine streams for its first output step, that step's ``text`` in them: a completion's
-    one event; a chat's role event and then the token's (no reasoning or tool-call parser: its content)."""
+    one event; a chat's role event and then the token's: its content, or the delta its reasoning or
+    tool-call parser writes (``first.delta``), none where that parser writes none (``first.is_held``)."""
     if path != CHAT_PATH:
         return sse(message(first, path=path, choices=[{"index": 0, "text": text, "logprobs": None,
                                                        "finish_reason": first.finish_reason,
@@ -30,8 +31,10 @@ def token_events(body: dict[str, Any], first: FirstToken, *, path: str, text: st
     role = message(first, path=path, choices=[{"index": 0, "delta": {"role": role_of(body), "content": ""},
                                                "logprobs": None, "finish_reason": None}],
                    prompt_token_ids=None, prompt_text=None)
-    choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "logprobs": None,
-                              "finish_reason": first.finish_reason}
+    if first.is_held:
+        return sse(role)
+    delta = first.delta or {"content": text}
+    choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": first.finish_reason}
     if first.finish_reason is not None:
         choice["stop_reason"] = first.stop_reason
     choice["token_ids"] = None

@@ -22,8 +22,9 @@ would) and the decode engine carries on after it (pd/lead.py), in one of two way
 
 Not where the output could differ from one engine's (``why_not`` names each case): a hybrid model's
 prefill engine stops one token short (``remote_num_tokens`` < the prompt), so its token is not the first;
-a chat request to engines that parse reasoning or tool calls (the gateway cannot write the first
-token's event without their parser: docs/architecture.md, step 3); logprobs, echo and token ids
+a chat request with stop strings to engines that parse reasoning or tool calls (the text held back for
+them reaches the parser with a later token), or whose first token's streamed delta the prefill engine's
+whole reply does not tell (pd/first_delta.py); logprobs, echo and token ids
 describe the first token in fields the gateway does not rebuild; n > 1; continuous usage stats.
 """
 
@@ -44,7 +45,8 @@ class Reason(StrEnum):
     NOT_STREAMED = "not_streamed"  # a whole reply: there is no first token to send early
     LOCAL = "local"  # no prefill leg: the decode engine prefilled it (routing, or no prefill engine could)
     OTHER_ROUTE = "other_route"
-    CHAT_PARSER = "chat_parser"  # the engines parse reasoning or tool calls out of chat output
+    CHAT_PARSER = "chat_parser"  # stop strings, where the engines parse reasoning or tool calls out of chat output
+    PARSER_UNSURE = "parser_unsure"  # the parser's delta for the first token is not told by the prefill reply
     DECODE_CANNOT_FORCE = "decode_cannot_force"  # the decode engines lack pdserve's logits processor
     WITH_LOGPROBS = "with_logprobs"
     WITH_ECHO = "with_echo"
@@ -72,7 +74,7 @@ def why_not(body: dict[str, Any], *, path: str, is_stream: bool, decode_forces: 
         return Reason.NOT_STREAMED
     if path not in (resume.COMPLETIONS_PATH, resume.CHAT_PATH):
         return Reason.OTHER_ROUTE
-    if path == resume.CHAT_PATH and parses_chat:
+    if path == resume.CHAT_PATH and parses_chat and body.get("stop"):
         return Reason.CHAT_PARSER
     if body.get("logprobs") if path == resume.CHAT_PATH else body.get("logprobs") is not None:
         return Reason.WITH_LOGPROBS  # a completion's logprobs 0 asks for the sampled token's
@@ -111,6 +113,11 @@ class FirstToken:
     # The prefill engine's prompt_tokens_details (cached tokens: engines run --enable-prompt-tokens-details),
     # for the usage the gateway writes when this token ends the reply; None when the reply had none.
     prompt_tokens_details: dict[str, Any] | None = None
+    # A chat's: the prefill reply's message; the delta one engine streams for the token where its parser
+    # changes it (pd/first_delta.py; None: the token's text as content); is_held: the parser writes no event.
+    message: dict[str, Any] | None = None
+    delta: dict[str, Any] | None = None
+    is_held: bool = False
 
 
 def read(reply: dict[str, Any]) -> FirstToken | Reason:
@@ -126,11 +133,13 @@ def read(reply: dict[str, Any]) -> FirstToken | Reason:
         prompt = tuple(reply["prompt_token_ids"] if is_chat else choice["prompt_token_ids"])
         text = choice["message"].get("content") if is_chat else choice.get("text")
         computed = reply["kv_transfer_params"].get("remote_num_tokens")
+        message = choice["message"] if is_chat else None
         first = FirstToken(token_id=int(token_id), text=str(text or ""),
                            finish_reason=choice.get("finish_reason"), stop_reason=choice.get("stop_reason"),
                            prompt_token_ids=prompt, reply_id=str(reply["id"]), created=int(reply["created"]),
                            model=str(reply["model"]),
-                           prompt_tokens_details=(reply.get("usage") or {}).get("prompt_tokens_details"))
+                           prompt_tokens_details=(reply.get("usage") or {}).get("prompt_tokens_details"),
+                           message=message)
     except (KeyError, IndexError, TypeError, ValueError, AttributeError):
         return Reason.PREFILL_REPLY_UNREADABLE
     if computed is not None and int(computed) < len(prompt):

@@ -30,6 +30,9 @@ class Lead:
     is_forced: bool  # the decode engine writes the first token again (its own output), else it starts after it
     echoed_events: int  # events the decode engine writes for the first token (forced): the client had them
     text: str  # what the client got of the first token's text
+    # Where that text is in the token's event: "text" (a completion's), a chat delta's field, or None where
+    # the token has no event of its own (a chat parser wrote nothing for it: only the role event is echoed).
+    text_field: str | None = "text"
 
 
 def make_lead(body: dict[str, Any], first: FirstToken, kv: KVTransferParams, *,
@@ -39,8 +42,11 @@ def make_lead(body: dict[str, Any], first: FirstToken, kv: KVTransferParams, *,
     if first_token.is_forced(body, path=path):
         text = first_token.streamed_text(body, first.text)
         continuation = {**body, "vllm_xargs": {**(body.get("vllm_xargs") or {}), FIRST_TOKEN_ARG: first.token_id}}
+        field = _text_field(first, path=path)
         lead = Lead(first_events.token_events(body, first, path=path, text=text), continuation, is_forced=True,
-                    echoed_events=2 if path == resume.CHAT_PATH else 1, text=text)
+                    echoed_events=(2 if field else 1) if path == resume.CHAT_PATH else 1,
+                    text=text if field in ("text", "content") else str((first.delta or {}).get(field or "", "")),
+                    text_field=field)
         return {**continuation, "kv_transfer_params": dict(kv.fields)}, lead
     fields = kv.fields_for_prompt(len(first.prompt_token_ids) + 1)
     if fields is None:
@@ -50,6 +56,15 @@ def make_lead(body: dict[str, Any], first: FirstToken, kv: KVTransferParams, *,
     lead = Lead(first_events.token_events(body, first, path=path, text=first.text), continuation, is_forced=False,
                 echoed_events=0, text=first.text)
     return {**continuation, "kv_transfer_params": fields}, lead
+
+
+def _text_field(first: FirstToken, *, path: str) -> str | None:
+    """Where the first token's text goes in its event (Lead.text_field)."""
+    if path != resume.CHAT_PATH:
+        return "text"
+    if first.is_held:
+        return None
+    return next(iter(first.delta)) if first.delta else "content"
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +90,7 @@ def drop_echoed(chunk: bytes, left: int, *, lead: Lead, path: str) -> Dropped:
             kept.append(event)
             continue
         left -= 1
-        if left == 0:  # the first token's own event
+        if left == 0 and lead.text_field is not None:  # the first token's own event
             rest, is_other_token = _after_lead(event, lead=lead, path=path)
             if rest is not None:
                 kept.append(rest)
@@ -88,7 +103,8 @@ def _after_lead(event: bytes, *, lead: Lead, path: str) -> tuple[bytes | None, b
     try:
         message = pydantic_core.from_json(event[len(SSE_EVENT_PREFIX):])
         choice = message["choices"][0]
-        holder, key = (choice["delta"], "content") if path == resume.CHAT_PATH else (choice, "text")
+        holder = choice["delta"] if path == resume.CHAT_PATH else choice
+        key = lead.text_field or "content"
         text = holder.get(key) or ""
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         return None, True

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -103,3 +104,13 @@ def usage_as_compared(usage: dict[str, Any] | None) -> dict[str, Any] | None:
     if usage is None:
         return None
     return {key: value for key, value in usage.items() if key != "prompt_tokens_details"}
+
+
+def first_tokens(stack: Stack, route: str, reason: str = "eligible") -> float:
+    """pdserve_first_tokens for ``route`` and ``reason`` (0 before its first count)."""
+    source = "prefill" if reason == "eligible" else "decode"
+    name = f'pdserve_first_tokens_total{{reason="{reason}",route="{route}",source="{source}"}}'
+    for line in httpx.get(stack.base_url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0

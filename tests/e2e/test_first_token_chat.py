@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from pdserve.config import DEMO_MODEL_NAME
-from tests.e2e.conftest import Stack, start_stack, stop_stack, usage_as_compared
+from tests.e2e.conftest import Stack, first_tokens, start_stack, stop_stack, usage_as_compared
 
 LOCAL = {"X-PD-Mode": "local"}
 CONVERSATIONS = [
@@ -28,16 +28,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     stack = start_stack(tmp_path_factory.mktemp("up"), sections={})
     yield stack
     stop_stack(stack)
-
-
-def first_tokens(stack: Stack, route: str, reason: str = "eligible") -> float:
-    """pdserve_first_tokens for ``route`` and ``reason`` (0 before its first count)."""
-    source = "prefill" if reason == "eligible" else "decode"
-    name = f'pdserve_first_tokens_total{{reason="{reason}",route="{route}",source="{source}"}}'
-    for line in httpx.get(stack.base_url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    return 0.0
 
 
 def stream(stack: Stack, path: str, body: dict[str, Any], *, headers: dict[str, str] | None = None) -> list[Any]:

@@ -308,3 +308,46 @@ async def test_a_chat_whose_decode_engine_fails_after_the_lead_moves_whole_and_t
                 break
     moved = [sent for sent in healthy.bodies if "kv_transfer_params" not in sent]
     assert broken.bodies and moved == [{**body, "vllm_xargs": {"pdserve_first_token": FIRST_TOKEN_ID}}]
+
+
+PARSERS = ["--reasoning-parser", "qwen3", "--tool-call-parser", "hermes", "--enable-auto-tool-choice"]
+TAG = "<tool_call>"
+
+
+async def test_a_chat_through_parsers_leads_with_the_parsers_delta_or_with_the_role_alone_for_a_held_tag() -> None:
+    """pd/first_delta.py's reading of the prefill reply's message: reasoning goes out as the parser streams it; a
+    tag the tool parser holds has no event, so the decode engine's role event alone is dropped."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    cases: list[tuple[dict[str, Any], list[dict[str, Any] | None], dict[str, Any]]] = [
+             ({"role": "assistant", "content": None, "reasoning": WORDS[0], "tool_calls": []},
+              [{"reasoning": word} for word in WORDS], {}),
+             ({"role": "assistant", "content": TAG, "reasoning": None, "tool_calls": []},
+              [None, *({"tool_calls": [{"index": 0, "function": {"arguments": word}}]} for word in WORDS[1:])],
+              {"tools": tools})]
+    for message, deltas, fields in cases:
+        prefill = FakeEngine(metrics_text=vllm_load_metrics(), first_message=message)
+        decode = FakeEngine(metrics_text=vllm_load_metrics(), chat_deltas=deltas)
+        async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05,
+                                decode_pool={"first_token_processor": True, "extra_args": PARSERS}) as base:
+            status, payload = await post(await settled(base), streamed_chat(**fields), path="/v1/chat/completions")
+            metrics = await metrics_of(base)
+        assert status == 200 and decode.bodies[0]["vllm_xargs"] == {"pdserve_first_token": FIRST_TOKEN_ID}
+        role, *rest = events(payload)
+        assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert [event["choices"][0]["delta"] for event in rest] == [delta for delta in deltas if delta is not None]
+        assert 'pdserve_first_tokens_total{reason="eligible",route="/v1/chat/completions",source="prefill"} 1.0' in metrics
+
+
+async def test_a_chat_through_parsers_whose_first_token_the_prefill_reply_does_not_tell_stays_on_the_decode_engine(
+        ) -> None:
+    message: dict[str, Any] = {"role": "assistant", "content": "<", "reasoning": None, "tool_calls": []}  # a tag's start?
+    prefill = FakeEngine(metrics_text=vllm_load_metrics(), first_message=message)
+    decode = FakeEngine(metrics_text=vllm_load_metrics())
+    async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05,
+                            decode_pool={"first_token_processor": True, "extra_args": PARSERS}) as base:
+        _, payload = await post(await settled(base), streamed_chat(), path="/v1/chat/completions")
+        _, stopped = await post(base, streamed_chat(stop=["x"]), path="/v1/chat/completions")
+        metrics = await metrics_of(base)
+    assert text_of(payload) == text_of(stopped) == "".join(WORDS) and "vllm_xargs" not in decode.bodies[0]
+    assert 'pdserve_first_tokens_total{reason="parser_unsure",route="/v1/chat/completions",source="decode"} 1.0' in metrics
+    assert 'pdserve_first_tokens_total{reason="chat_parser",route="/v1/chat/completions",source="decode"} 1.0' in metrics

@@ -49,12 +49,13 @@ def test_fields_describing_the_first_token_keep_it_on_the_decode_engine(extra: d
     assert why_not({"prompt": "a", "stream": True, **extra}) is reason
 
 
-def test_a_streamed_chat_qualifies_where_the_engines_parse_nothing_and_the_decode_engine_can_be_given_the_token() -> None:
+def test_a_streamed_chat_qualifies_unless_its_stop_strings_go_through_a_parser_and_the_decode_engine_can_be_given_the_token() -> None:
     body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
     assert why_not(body, path=CHAT) is None and first_token.is_forced(body, path=CHAT)
     assert why_not({**body, "logprobs": False}, path=CHAT) is None  # a chat's logprobs is a flag
     assert why_not({**body, "logprobs": True}, path=CHAT) is Reason.WITH_LOGPROBS
-    assert why_not(body, path=CHAT, parses_chat=True) is Reason.CHAT_PARSER
+    assert why_not(body, path=CHAT, parses_chat=True) is None  # the parser's delta is read after the prefill leg
+    assert why_not({**body, "stop": ["x"]}, path=CHAT, parses_chat=True) is Reason.CHAT_PARSER
     assert why_not(body, path=CHAT, decode_forces=False) is Reason.DECODE_CANNOT_FORCE
     assert why_not(body, path=CHAT, is_stream=False) is Reason.NOT_STREAMED
     assert why_not(body, path="/v1/responses") is Reason.OTHER_ROUTE

@@ -123,3 +123,23 @@ def test_a_reply_that_ends_at_the_prefill_engines_token_reports_that_engines_cac
     body = {"prompt": [1, 2, 3], "stream": True, "stream_options": {"include_usage": True}}
     usage_event = first_events.ending(body, first, path=COMPLETIONS).split(b"\n\n")[0]
     assert json.loads(usage_event[6:])["usage"]["prompt_tokens_details"] == {"cached_tokens": 2}
+
+
+def test_a_parsed_first_token_leads_with_its_parsers_delta_or_with_the_role_event_alone() -> None:
+    """pd/first_delta.py's reading: a reasoning delta is the token's event; a tag the parser held has none, so only
+    the decode engine's role event is dropped and its next event (the second token's) goes through whole."""
+    reasoning = replace(CHAT_FIRST, delta={"reasoning": "Hi"})
+    events = first_events.token_events(CHAT_BODY, reasoning, path=CHAT, text="Hi")
+    assert events == VLLM_ROLE_EVENT + VLLM_TOKEN_EVENT.replace(b'"content"', b'"reasoning"')
+    made = make_lead(CHAT_BODY, reasoning, KV, path=CHAT)
+    assert not isinstance(made, Reason) and made[1].echoed_events == 2 and made[1].text_field == "reasoning"
+    merged = VLLM_TOKEN_EVENT.replace(b'"content":"Hi"', b'"reasoning":"Hi there"')
+    assert json.loads(drop_echoed(merged, 1, lead=made[1], path=CHAT).chunk[6:])["choices"][0]["delta"] == {
+        "reasoning": " there"}
+    held = replace(CHAT_FIRST, is_held=True)
+    assert first_events.token_events(CHAT_BODY, held, path=CHAT, text="<tool_call>") == VLLM_ROLE_EVENT
+    made = make_lead(CHAT_BODY, held, KV, path=CHAT)
+    assert not isinstance(made, Reason) and made[1].echoed_events == 1
+    second = VLLM_TOKEN_EVENT.replace(b'"Hi"', b'"there"')
+    dropped = drop_echoed(VLLM_ROLE_EVENT + second, 1, lead=made[1], path=CHAT)
+    assert dropped.chunk == second and dropped.left == 0 and not dropped.is_other_token
