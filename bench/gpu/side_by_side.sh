@@ -8,6 +8,7 @@
 #   SYSTEM=reference RATE=2,4,6,8 CHAT_RATE=4,8 LOAD_S=15 bash bench/gpu/side_by_side.sh
 #   SYSTEM=pdserve   RATE=2,4,6,8 LOAD_S=15 bash bench/gpu/side_by_side.sh
 #   SYSTEM=pdserve   RATE= RUNS=3 CHAT_RATE=4,8 LOAD_S=15 bash bench/gpu/side_by_side.sh
+# REPEAT=3 runs each sweep three times (folders chat-1.., bench-1.., seeds 0..2): 3 runs at the knee with one rate each.
 # reference: Ray's fractional-GPU setup (bench/gpu/reference_start.py: bundles of {GPU: 0.45}); its time to
 #   ready runs from `serve deploy` to RUNNING. pdserve: `pdserve up` (MPS, as it starts itself when two engines
 #   share a GPU) with the same engine flags; its time to ready is its own "ready in". With RUNS, pdserve also
@@ -22,7 +23,7 @@
 # NIXL histograms, bench/gpu/kv_rate.py, ready.txt, logs); needs the vLLM stage in /tmp/site (../shared/gpu/README.md).
 set -u
 SYSTEM=${SYSTEM:?reference or pdserve} RATE=${RATE-2,4,6,8} CHAT_RATE=${CHAT_RATE:-} LOAD_S=${LOAD_S:-20}
-RUNS=${RUNS:-0} DIRECT_RATE=${DIRECT_RATE:-2} DIRECT_S=${DIRECT_S:-30} DEADLINE_S=${DEADLINE_S:-570}
+REPEAT=${REPEAT:-1} RUNS=${RUNS:-0} DIRECT_RATE=${DIRECT_RATE:-2} DIRECT_S=${DIRECT_S:-30} DEADLINE_S=${DEADLINE_S:-570}
 SHAPE=qwen3-8b MODEL_DIR=/tmp/q8b ITL_SLO_MS=50 REF_ARGS="" TURNS=4
 if [ "${CASE:-}" = reference ]; then
   SHAPE=qwen3.5-9b MODEL_DIR=/tmp/qwen3.5-9b ITL_SLO_MS=100 EAGER=1 MAX_LEN=4096 KV_BYTES=3221225472 MEM=l4 TURNS=3
@@ -47,10 +48,14 @@ bench() {
 }
 # each rate's load, then its longest requests draining
 levels_s() { echo $(( $(echo "$1" | tr ',' '\n' | grep -c .) * (LOAD_S + 20) )); }
-sweeps() {  # NAME URL: the chat sweep (the reference's request type), then the synthetic sweep
-  [ -z "$CHAT_RATE" ] || bench "$(levels_s "$CHAT_RATE")" "$1" "$2" chat --workload chat --prefix-tokens 2048 \
-    --input-tokens 256 --turns $TURNS --rate "$CHAT_RATE"
-  [ -z "$RATE" ] || bench "$(levels_s "$RATE")" "$1" "$2" bench --input-tokens 3072 --rate "$RATE"
+sweeps() {  # NAME URL: REPEAT rounds of the chat sweep (the reference's request type), then the synthetic sweep
+  local round suffix
+  for round in $(seq $REPEAT); do
+    suffix=""; [ "$REPEAT" -gt 1 ] && suffix="-$round"
+    [ -z "$CHAT_RATE" ] || bench "$(levels_s "$CHAT_RATE")" "$1" "$2" chat$suffix --workload chat --prefix-tokens 2048 \
+      --input-tokens 256 --turns $TURNS --rate "$CHAT_RATE" --seed $((round - 1))
+    [ -z "$RATE" ] || bench "$(levels_s "$RATE")" "$1" "$2" bench$suffix --input-tokens 3072 --rate "$RATE" --seed $((round - 1))
+  done
 }
 case $SYSTEM in
 reference)
