@@ -3,7 +3,9 @@
 vLLM 0.32 writes each event with pydantic's ``model_dump_json(exclude_unset=True)``: the fields its
 serving code sets, None ones included, in the order its models declare them (completion/serving.py:403-442;
 chat_completion/serving.py: the role event at 537-589, one event per output step at 757-829, the usage
-event at 858-892).
+event at 858-892). vLLM 0.26 (the GPU stage) writes the same events: its two stream generators differ
+from 0.32's only under options pdserve's first token is not used with (logprobs, reasoning token counts in
+usage, speculative decoding's per-request metrics) and in where an error finish is raised.
 """
 
 from __future__ import annotations
