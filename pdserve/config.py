@@ -334,7 +334,8 @@ class EngineSpec(FrozenSpec):
     cpu_threads_bind: str
     pool: PoolSpec
     host: str = LOCAL_ENGINE_HOST
-    instance: str = Field("", description="unique across restarts (a Ray replica id); empty = the index")
+    instance: str = Field("", description=(
+        "unique across restarts: a Ray replica id, or the index and a token new at each start (engines/supervisor.py)"))
 
     @property
     def name(self) -> str:
