@@ -173,6 +173,9 @@ class GatewaySpec(FrozenSpec):
         "the API; `pdserve up` runs one (its gateway.workers share the port)"))
     port: int = Field(8000, ge=1, le=65535)
     connect_timeout_s: float = Field(5.0, gt=0)
+    link_timeout_s: float = Field(30.0, gt=0, description=(
+        "a connection to an engine whose host acknowledges nothing for this long fails (TCP keepalive and "
+        "TCP_USER_TIMEOUT): a cut link sends no reset, and a whole reply has no bytes to wait on until its end"))
     # Deadlines per phase: past one, the leg is aborted on its engine (its connection closed), then
     # retried elsewhere where nothing reached the client yet, else reported (504 or an SSE error).
     prefill_timeout_s: float = Field(300.0, gt=0, description="whole prefill leg")
