@@ -184,7 +184,9 @@ class GatewaySpec(FrozenSpec):
     kv_pull_timeout_s: float = Field(60.0, gt=0, description=(
         "a PD request's first token from its decode engine, at most this long after the decode leg is sent; "
         "past it the KV pull is taken for lost (a link cut between the engines mid-pull hangs it: vLLM times "
-        "it out only at the prefill engine's lease) and a decode engine, the same one too, prefills the request itself"))
+        "it out only at the prefill engine's lease) and a decode engine, the same one too, prefills the request itself; "
+        "a whole reply, whose headers come with its last token, only where its decode engine counts a pull pending "
+        "(gateway/whole_pull.py)"))
     decode_idle_timeout_s: float = Field(30.0, gt=0, description="longest silence between tokens once they flow")
     request_timeout_s: float = Field(3600.0, gt=0, description="whole request, first byte to last token")
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, description="larger request bodies get 413")

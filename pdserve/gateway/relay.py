@@ -347,8 +347,7 @@ class Relay:
     def _first_timeout_s(self, timeout_s: float) -> float:
         """A stream's wait for the decode engine's first token: while a KV handoff is pending, at most
         ``kv_pull_timeout_s`` (a pull across a cut link hangs rather than fails). A whole reply's
-        headers come with its last token, so a hung pull there is not told from a long reply: it
-        waits for the request's deadline."""
+        headers come with its last token: gateway/whole_pull.py tells its hung pull from a long reply."""
         return min(timeout_s, self._spec.kv_pull_timeout_s) if self._prefill_done_s is not None else timeout_s
 
     async def _pull_lost(self) -> bool:
