@@ -183,6 +183,9 @@ class GatewaySpec(FrozenSpec):
         "the API; `pdserve up` runs one (its gateway.workers share the port)"))
     port: int = Field(8000, ge=1, le=65535)
     connect_timeout_s: float = Field(5.0, gt=0)
+    link_timeout_s: float = Field(30.0, gt=0, description=(
+        "a connection to an engine whose host acknowledges nothing for this long fails (TCP keepalive and "
+        "TCP_USER_TIMEOUT): a cut link sends no reset, and a whole reply has no bytes to wait on until its end"))
     # Deadlines per phase: past one, the leg is aborted on its engine (its connection closed), then
     # retried elsewhere where nothing reached the client yet, else reported (504 or an SSE error).
     prefill_timeout_s: float = Field(300.0, gt=0, description="whole prefill leg")
@@ -191,7 +194,9 @@ class GatewaySpec(FrozenSpec):
     kv_pull_timeout_s: float = Field(60.0, gt=0, description=(
         "a PD request's first token from its decode engine, at most this long after the decode leg is sent; "
         "past it the KV pull is taken for lost (a link cut between the engines mid-pull hangs it: vLLM times "
-        "it out only at the prefill engine's lease) and a decode engine, the same one too, prefills the request itself"))
+        "it out only at the prefill engine's lease) and a decode engine, the same one too, prefills the request itself; "
+        "a whole reply, whose headers come with its last token, only where its decode engine counts a pull pending "
+        "(gateway/whole_pull.py)"))
     decode_idle_timeout_s: float = Field(30.0, gt=0, description="longest silence between tokens once they flow")
     request_timeout_s: float = Field(3600.0, gt=0, description="whole request, first byte to last token")
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, description="larger request bodies get 413")
@@ -344,7 +349,8 @@ class EngineSpec(FrozenSpec):
     cpu_threads_bind: str
     pool: PoolSpec
     host: str = LOCAL_ENGINE_HOST
-    instance: str = Field("", description="unique across restarts (a Ray replica id); empty = the index")
+    instance: str = Field("", description=(
+        "unique across restarts: a Ray replica id, or the index and a token new at each start (engines/supervisor.py)"))
 
     @property
     def name(self) -> str:

@@ -6,6 +6,7 @@ bench/netbed_links.py. Engines run from the configured model (``PDSERVE_MODEL__P
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -32,6 +33,7 @@ READY_TIMEOUT_S = 900.0
 ACROSS_HOSTS_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "eth0"}
 KV_PULL_TIMEOUT_S = 10.0  # what a request across a cut link waits before its decode engine prefills it
 EJECT_FOR_S = 20.0  # long enough that the request after a cut one still finds its prefill engine out
+LINK_TIMEOUT_S = 10.0  # a connection to an engine whose host went silent fails after this (pd/engine_socket.py)
 PROMPT = "The module provides functions for reading and writing files, sockets and other streams. " * 3
 
 
@@ -48,6 +50,31 @@ class Deployment:
     def log(self, name: str) -> str:
         return self.logs[name].read_text(errors="replace")
 
+    def start(self, name: str) -> None:
+        """Start host ``name``'s process (the gateway, or its engines) from its config, in its namespace."""
+        config = self.logs[name].with_name(f"{name}.yaml")
+        command = ([sys.executable, "-m", "pdserve", "serve", "--config", str(config)] if name == "gateway"
+                   else [sys.executable, "-m", "tests.netbed_engines", str(config)])
+        self.processes[name] = subprocess.Popen(self.bed.hosts[name].argv(*command), stdout=self.logs[name].open("a"),
+                                                stderr=subprocess.STDOUT, text=True, cwd=Path.cwd(),
+                                                env={**os.environ, **ACROSS_HOSTS_ENV})
+
+    def restart_engines(self, name: str) -> None:
+        """Stop host ``name``'s engines and start them again at the same addresses; returns once they
+        answer /health (the gateway may not have seen them yet)."""
+        process = self.processes[name]
+        process.terminate()
+        process.wait(timeout=120)
+        self.start(name)
+        deadline_s = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline_s:
+            assert self.processes[name].poll() is None, f"{name} exited:\n{self.log(name)[-3000:]}"
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url(name) + "/health", timeout=5).status_code == 200:
+                    return
+            time.sleep(1)
+        raise AssertionError(f"{name} did not come back:\n{self.log(name)[-3000:]}")
+
 
 def host_config(bed: NetBed, name: str, *, workdir: Path) -> dict[str, Any]:
     """What a user writes on each machine: its own engines bound to its address, the others by address."""
@@ -62,7 +89,7 @@ def host_config(bed: NetBed, name: str, *, workdir: Path) -> dict[str, Any]:
         # One gateway process: each of several keeps its own circuit breaker, so an ejection one made is
         # not the others' (docs/reliability.md lists that as open).
         "gateway": {"host": bed.hosts[name].address, "port": GATEWAY_PORT, "workers": 1, "eject_after_failures": 1,
-                    "eject_for_s": EJECT_FOR_S, "kv_pull_timeout_s": KV_PULL_TIMEOUT_S},
+                    "eject_for_s": EJECT_FOR_S, "kv_pull_timeout_s": KV_PULL_TIMEOUT_S, "link_timeout_s": LINK_TIMEOUT_S},
     }
     for role in ("prefill", "decode"):
         if role != name:
@@ -123,17 +150,13 @@ def deployed(workdir: Path, *, tag: str = "pd") -> Iterator[Deployment]:
     processes stopped and the bed removed after it."""
     with NetBed(["prefill", "decode", "gateway"], tag=tag, with_client=True) as bed:
         processes: dict[str, subprocess.Popen[str]] = {}
-        logs = {name: workdir / f"{name}.log" for name in bed.hosts}
+        deployment = Deployment(bed, f"http://{bed.hosts['gateway'].address}:{GATEWAY_PORT}", processes,
+                                {name: workdir / f"{name}.log" for name in bed.hosts})
         try:
             for name in bed.hosts:
-                config = workdir / f"{name}.yaml"
-                config.write_text(yaml.safe_dump(host_config(bed, name, workdir=workdir)))
-                command = ([sys.executable, "-m", "pdserve", "serve", "--config", str(config)] if name == "gateway"
-                           else [sys.executable, "-m", "tests.netbed_engines", str(config)])
-                processes[name] = subprocess.Popen(bed.hosts[name].argv(*command), stdout=logs[name].open("w"),
-                                                   stderr=subprocess.STDOUT, text=True, cwd=Path.cwd(),
-                                                   env={**os.environ, **ACROSS_HOSTS_ENV})
-            deployment = Deployment(bed, f"http://{bed.hosts['gateway'].address}:{GATEWAY_PORT}", processes, logs)
+                (workdir / f"{name}.yaml").write_text(yaml.safe_dump(host_config(bed, name, workdir=workdir)))
+                deployment.logs[name].write_text("")
+                deployment.start(name)
             _until_ready(deployment)
             yield deployment
         finally:

@@ -54,6 +54,11 @@ class EngineProcess:
         self._process: asyncio.subprocess.Process | None = None
         self._log_file: IO[bytes] | None = None
 
+    def renew(self, spec: EngineSpec, command: EngineCommand) -> None:
+        """Start next as ``spec`` with ``command`` (a restart under a new NIXL engine id)."""
+        assert not self.is_running, "renewed while it runs"
+        self.spec, self.command = spec, command
+
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import sys
 import time
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from dataclasses import replace
 import aiohttp
 
 from pdserve.config import EngineSpec, Settings
-from pdserve.engines.command import build_engine_command, split_cpus
+from pdserve.engines.command import CPU_BIND_ENV, build_engine_command, split_cpus
 from pdserve.engines.drain import wait_until_idle
 from pdserve.engines.kv_link import probe_host_link
 from pdserve.engines.launcher import EngineProcess, bring_up, busy_ports
@@ -47,7 +48,7 @@ class Supervisor:
         specs = settings.engine_specs()
         self.mps = plan_mps(specs, mode=settings.launch.mps, log_dir=settings.engine_log_dir)
         cpu_binds = iter(split_cpus(sorted(os.sched_getaffinity(0)), sum(spec.pool.device == "cpu" for spec in specs)))
-        self.engines = [self._plan(spec, cpu_bind=next(cpu_binds) if spec.pool.device == "cpu" else "")
+        self.engines = [self._plan(new_instance(spec), cpu_bind=next(cpu_binds) if spec.pool.device == "cpu" else "")
                         for spec in specs]
         self.members = MembersFolder(settings.run_dir)
         self.members.clear()  # a previous run's request must not resize this one
@@ -115,6 +116,9 @@ class Supervisor:
                                            f"{launch.max_restarts} in {delay_s:.0f} s"))
             await asyncio.sleep(delay_s)
             await engine.stop()
+            # A new NIXL engine id: decode engines must not pull with the dead one's handshake.
+            fresh = self._plan(new_instance(engine.spec), cpu_bind=engine.command.env.get(CPU_BIND_ENV, ""))
+            engine.renew(fresh.spec, fresh.command)
             await engine.start()
             await self._wait_ready(engine, session)
 
@@ -197,7 +201,7 @@ class Supervisor:
         side_ports = {engine.spec.side_channel_port for engine in self.engines}
         side_port = next(port for port in range(self._settings.kv.side_channel_base_port, 65536)
                          if port not in side_ports)
-        spec = self._settings.engine_spec(role, index, side_channel_port=side_port)
+        spec = new_instance(self._settings.engine_spec(role, index, side_channel_port=side_port))
         cpu_bind = ""
         if spec.pool.device == "cpu" and not spec.cpu_threads_bind:
             cpu_engines = sum(engine.spec.pool.device == "cpu" for engine in self.engines)
@@ -234,3 +238,9 @@ class Supervisor:
             await self.mps.stop()
         self.members.clear()
 
+
+def new_instance(spec: EngineSpec) -> EngineSpec:
+    """``spec`` as an engine never started before: its NIXL engine id (config.py) is new at each start, so a
+    decode engine that cached the handshake of the engine it replaces (vLLM keys it by engine id) makes a
+    new one, rather than reading from the dead engine's agent (a pull that fails, and a pair ejected)."""
+    return spec.model_copy(update={"instance": f"{spec.index}-{secrets.token_hex(4)}"})

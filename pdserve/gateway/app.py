@@ -91,7 +91,7 @@ class Gateway:
         spec = self.settings.gateway
         # The legs get their own lean client (pd/engine_http.py); health probes and metrics
         # scrapes use aiohttp. No cookie jar: an engine's Set-Cookie must never ride along.
-        client = EngineClient(connect_timeout_s=spec.connect_timeout_s)
+        client = EngineClient(connect_timeout_s=spec.connect_timeout_s, link_timeout_s=spec.link_timeout_s)
         async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
             handoffs = Handoffs(slow_s=spec.slow_handoff_warn_s)
             self._model_cards = ModelCards(session, settings=self.settings)

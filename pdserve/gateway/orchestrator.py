@@ -26,11 +26,12 @@ from typing import Any, TypeVar
 
 from pdserve.config import GatewaySpec
 from pdserve.errors import LegFailed, NoHealthyEndpoint
+from pdserve.gateway import whole_pull
 from pdserve.gateway.admission import Admission
 from pdserve.gateway.call import Call, Reply
 from pdserve.gateway.handoffs import Handoffs
 from pdserve.gateway.metrics import GatewayMetrics
-from pdserve.gateway.recent import RecentRequests
+from pdserve.gateway.recent import RecentRequests, never_answered
 from pdserve.gateway.relay import DecodeLeg, Relay
 from pdserve.gateway.tracing import LegTrace
 from pdserve.pd import decode, first_delta, first_events, first_token, prefill, resume
@@ -118,19 +119,35 @@ class Orchestrator:
         # now (it was admitted: over_cap); else the leg opens first, so a full pool still answers 429.
         # Nothing else there refuses what the prefill engine took: vLLM caps max_tokens at the context
         # left (get_max_tokens, vLLM 0.26 and 0.32) rather than refusing it.
-        leg: DecodeLeg | asyncio.Task[DecodeLeg]
-        if lead is not None and self._admission.has_room(self._pool.healthy(Role.DECODE)):
-            leg = asyncio.create_task(open_leg(over_cap=True))
-        else:
-            leg = await open_leg()
         def reopen(body: dict[str, Any], again: Endpoint | None = None) -> Awaitable[DecodeLeg]:
             """``body`` on a decode engine not tried yet, or ``again`` (its pull was lost, not its fault)."""
             if again is not None and again in tried:
                 tried.remove(again)
             return self._open_decode(call, body, tried, decode_policy, over_cap=True)
 
+        leg: DecodeLeg | asyncio.Task[DecodeLeg]
+        is_pull_lost = False
+        if lead is not None and self._admission.has_room(self._pool.healthy(Role.DECODE)):
+            leg = asyncio.create_task(open_leg(over_cap=True))
+        else:
+            try:
+                if call.is_stream or kv is None:
+                    leg = await open_leg()
+                else:  # a whole PD reply: a hung pull is told from the decode engine's count (whole_pull.py)
+                    leg, is_pull_lost = await whole_pull.first_whole(
+                        asyncio.create_task(open_leg()), pull_timeout_s=self._spec.kv_pull_timeout_s,
+                        is_pull_pending=lambda: bool(tried) and tried[-1].load.kv_pulls_pending > 0,
+                        local=lambda: reopen(call.body, tried[-1]))
+            except (LegFailed, NoHealthyEndpoint):
+                self.recent.add(never_answered(call, kv, elapsed_s=time.perf_counter() - call.arrived_s))
+                raise
+        if is_pull_lost:
+            assert kv is not None and isinstance(leg, DecodeLeg)
+            self.kv_judged(kv, call.request_id, outcome=KvOutcome.RECOMPUTED, reason=RecomputeReason.PULL_TIMEOUT,
+                           decode_url=leg.endpoint.url)
+
         relay = Relay(call, leg, mode=Mode.PD if kv is not None else Mode.LOCAL, prefill_done_s=prefill_done_s, kv=kv,
-                      lead=lead, reopen=reopen,
+                      is_pull_lost=is_pull_lost, lead=lead, reopen=reopen,
                       leg_failed=self.leg_failed, kv_judged=self.kv_judged, spec=self._spec, metrics=self._metrics, handoffs=self._handoffs,
                       recent=self.recent, native=self._native)
         if call.is_stream:

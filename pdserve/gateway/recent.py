@@ -6,8 +6,13 @@ only the event-loop thread writes it.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
+
+from pdserve.gateway.call import Call
+from pdserve.pd.kv import KVTransferParams
+from pdserve.pd.kv_proof import KvOutcome
 
 RECENT_REQUESTS = 50
 
@@ -37,6 +42,16 @@ def status_of(*, is_stream: bool, error_code: str | None, has_first_token: bool,
     if not is_stream:
         return "ok" if has_first_token else "failed"
     return "ok" if has_end_marker else "cut"
+
+
+def never_answered(call: Call, kv: KVTransferParams | None, *, elapsed_s: float) -> FinishedRequest:
+    """The record of a request no decode engine answered (every one tried failed, or none was left): it has no
+    relay to record it, and a failure the page leaves out is a failure misreported. Pure."""
+    return FinishedRequest(
+        request_id=call.request_id, mode="pd" if kv is not None else "local",
+        prefill_url=None if kv is None else kv.prefill_url, decode_url=None, ttft_s=None, handoff_s=None,
+        e2e_s=elapsed_s, chunks=0, kv=None if kv is None else KvOutcome.UNKNOWN.value, status="failed",
+        finished_unix_s=time.time())
 
 
 class RecentRequests:

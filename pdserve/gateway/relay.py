@@ -88,13 +88,14 @@ class Relay:
 
     def __init__(
         self, call: Call, leg: DecodeLeg | asyncio.Task[DecodeLeg], *, mode: Mode, prefill_done_s: float | None,
-        kv: KVTransferParams | None, reopen: Reopen,
+        kv: KVTransferParams | None, reopen: Reopen, is_pull_lost: bool = False,
         leg_failed: LegFailedHook, kv_judged: KvJudgedHook, spec: GatewaySpec, metrics: GatewayMetrics, handoffs: Handoffs,
         recent: RecentRequests, lead: Lead | None = None, native: NativeRelay | None = None,
     ) -> None:
         """``lead``: the prefill engine's token, sent before the decode engine's (pd/first_token.py).
         ``leg``: the decode engine's open reply, or, behind a lead, the task opening it while the lead goes out.
-        ``native``: the relay thread that takes the steady part of a stream, or None (every chunk in Python)."""
+        ``native``: the relay thread that takes the steady part of a stream, or None (every chunk in Python).
+        ``is_pull_lost``: the handoff was given up before ``leg`` opened, and counted (gateway/whole_pull.py)."""
         self._call, self._reopen, self._leg_failed, self._kv_judged = call, reopen, leg_failed, kv_judged
         self._leg: DecodeLeg | None = leg if isinstance(leg, DecodeLeg) else None
         self._opening = None if isinstance(leg, DecodeLeg) else leg
@@ -121,7 +122,8 @@ class Relay:
         self._handoff_s: float | None = None
         self._error_code: str | None = None
         # Whether the prompt crossed as KV, from the decode engine's usage (pd/kv_proof.py); None: no handoff.
-        self._kv_outcome: KvOutcome | None = None if kv is None else KvOutcome.UNKNOWN
+        self._kv_outcome: KvOutcome | None = None if kv is None else (
+            KvOutcome.RECOMPUTED if is_pull_lost else KvOutcome.UNKNOWN)
 
     async def read_whole(self) -> bytes:
         assert self._leg is not None, "a whole reply has no lead to send while its leg opens"
@@ -345,8 +347,7 @@ class Relay:
     def _first_timeout_s(self, timeout_s: float) -> float:
         """A stream's wait for the decode engine's first token: while a KV handoff is pending, at most
         ``kv_pull_timeout_s`` (a pull across a cut link hangs rather than fails). A whole reply's
-        headers come with its last token, so a hung pull there is not told from a long reply: it
-        waits for the request's deadline."""
+        headers come with its last token: gateway/whole_pull.py tells its hung pull from a long reply."""
         return min(timeout_s, self._spec.kv_pull_timeout_s) if self._prefill_done_s is not None else timeout_s
 
     async def _pull_lost(self) -> bool:

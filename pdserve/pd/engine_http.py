@@ -15,10 +15,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
 
+from pdserve.pd.engine_socket import watch_link
 from pdserve.pd.native_relay import Ending, Handback, NativeRelay, Ticket
 
 log = logging.getLogger(__name__)
@@ -30,9 +32,11 @@ _HIGH_WATER_BYTES = 256 * 1024
 class EngineUnreachable(ConnectionError):
     """No connection to the engine, or it went away before its reply was complete."""
 
-    def __init__(self, message: str, *, had_reply_bytes: bool = False) -> None:
+    def __init__(self, message: str, *, had_reply_bytes: bool = False, is_link_failure: bool = False) -> None:
+        """``is_link_failure``: the kernel gave the connection up (its peer's host went silent), so
+        the engine may be running the request; not an engine closing an idle connection."""
         super().__init__(message)
-        self.had_reply_bytes = had_reply_bytes
+        self.had_reply_bytes, self.is_link_failure = had_reply_bytes, is_link_failure
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,10 +73,11 @@ class EngineClient:
     An idle connection is dropped after ``keepalive_s``, shorter than the engines' own idle limit
     (uvicorn's default is 5 s), so a request rarely meets a connection the engine is closing; if
     one does, before any byte of the reply, the request is sent again on a fresh connection.
+    A connection whose engine host answers nothing for ``link_timeout_s`` fails (pd/engine_socket.py).
     """
 
-    def __init__(self, *, connect_timeout_s: float, keepalive_s: float = 4.0) -> None:
-        self._connect_timeout_s, self._keepalive_s = connect_timeout_s, keepalive_s
+    def __init__(self, *, connect_timeout_s: float, keepalive_s: float = 4.0, link_timeout_s: float = 30.0) -> None:
+        self._connect_timeout_s, self._keepalive_s, self._link_timeout_s = connect_timeout_s, keepalive_s, link_timeout_s
         self._idle: dict[_Origin, list[_Connection]] = {}
 
     async def post(self, url: str, payload: bytes, *, headers: Mapping[str, str]) -> EngineReply:
@@ -87,7 +92,7 @@ class EngineClient:
         try:
             return await _send(connection, request)
         except EngineUnreachable as exc:
-            if not is_reused or exc.had_reply_bytes:
+            if not is_reused or exc.had_reply_bytes or exc.is_link_failure:
                 raise
         # The engine closed an idle connection as we used it; it never saw the request.
         connection, _ = await self._acquire(origin, may_reuse=False)
@@ -118,6 +123,7 @@ class EngineClient:
         except TimeoutError as exc:
             raise EngineUnreachable(f"connect to {origin.host}:{origin.port} timed out "
                                     f"after {self._connect_timeout_s:g} s") from exc
+        watch_link(connection.socket, link_timeout_s=self._link_timeout_s)
         return connection, False
 
     def _release(self, origin: _Origin, connection: _Connection) -> None:
@@ -314,9 +320,9 @@ class EngineReply:
         self._is_complete = True
         self._wake()
 
-    def on_lost(self, reason: str) -> None:
+    def on_lost(self, reason: str, *, is_link_failure: bool = False) -> None:
         if not self._is_complete:
-            self._error = EngineUnreachable(reason, had_reply_bytes=self.has_bytes)
+            self._error = EngineUnreachable(reason, had_reply_bytes=self.has_bytes, is_link_failure=is_link_failure)
             self._wake()
 
 
@@ -364,9 +370,14 @@ class _Connection(asyncio.Protocol):
             self._transport.resume_reading()
 
     @property
-    def fd(self) -> int:
+    def socket(self) -> Any:
+        """The transport's socket (uvloop's stands in for one)."""
         assert self._transport is not None
-        return int(self._transport.get_extra_info("socket").fileno())
+        return self._transport.get_extra_info("socket")
+
+    @property
+    def fd(self) -> int:
+        return int(self.socket.fileno())
 
     def feed(self, data: bytes) -> None:
         """Parse ``data`` as if just read (what the relay thread read and gave back)."""
@@ -395,11 +406,14 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.is_open = False
-        self._lose(f"engine closed the connection: {exc or 'EOF'}")
+        if isinstance(exc, OSError) and not isinstance(exc, (ConnectionResetError, BrokenPipeError)):
+            self._lose(f"the link to the engine failed: {exc}", is_link_failure=True)  # engine_socket.py's timeout
+        else:
+            self._lose(f"engine closed the connection: {exc or 'EOF'}")
 
-    def _lose(self, reason: str) -> None:
+    def _lose(self, reason: str, *, is_link_failure: bool = False) -> None:
         if self._reply is not None:
-            self._reply.on_lost(reason)
+            self._reply.on_lost(reason, is_link_failure=is_link_failure)
 
     # httptools callbacks
     def on_headers_complete(self) -> None:

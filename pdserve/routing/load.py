@@ -15,7 +15,9 @@ _RUNNING, _WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
 _KV_USAGE = "vllm:kv_cache_usage_perc"  # a fraction, 1.0 = full, despite the name
 _PREFIX_QUERIES, _PREFIX_HITS = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"  # in tokens
 _CACHE_CONFIG = "vllm:cache_config_info"  # a gauge of 1 whose labels are the engine's CacheConfig
-_NAMES = frozenset((_RUNNING, _WAITING, _KV_USAGE, _PREFIX_QUERIES, _PREFIX_HITS, _CACHE_CONFIG))
+# A decode engine's requests by KV load stage (vLLM 0.32; older ones do not say): those whose pull is pending.
+_KV_FETCH, _KV_FETCH_PENDING = "vllm:num_requests_kv_fetch_by_stage", ('stage="waiting_to_start"', 'stage="in_progress"')
+_NAMES = frozenset((_RUNNING, _WAITING, _KV_USAGE, _PREFIX_QUERIES, _PREFIX_HITS, _CACHE_CONFIG, _KV_FETCH))
 # The sample lines parse_engine_load reads; "{" keeps out the *_by_reason and *_created kin.
 SAMPLE_PREFIXES = tuple(sorted(name + "{" for name in _NAMES))
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')  # name="value", escapes kept as written
@@ -32,6 +34,7 @@ class EngineLoad:
     block_size: float = 0.0  # tokens per KV block; 0 when the engine does not say (a float: workers share loads as doubles)
     prefix_queried_tokens: float = 0.0  # since it started: prompt tokens looked up in its prefix cache
     prefix_hit_tokens: float = 0.0  # since it started: of those, tokens found cached
+    kv_pulls_pending: float = 0.0  # a decode engine's requests whose KV pull has not finished (0: none, or it does not say)
     read_s: float = -math.inf  # time.monotonic() of the read; -inf: never read
 
     @property
@@ -58,10 +61,12 @@ def parse_engine_load(metrics_text: str, *, read_s: float) -> EngineLoad:
     """
     sums = dict.fromkeys((_RUNNING, _WAITING, _PREFIX_QUERIES, _PREFIX_HITS), 0.0)
     usages: list[float] = []
-    capacity_tokens = block_size = 0.0
+    capacity_tokens = block_size = pulls_pending = 0.0
     for name, labels, value in _samples(metrics_text):
         if name in sums:
             sums[name] += value
+        elif name == _KV_FETCH:
+            pulls_pending += value if any(stage in labels for stage in _KV_FETCH_PENDING) else 0.0
         elif name == _KV_USAGE:
             usages.append(value)
         elif name == _CACHE_CONFIG:
@@ -71,7 +76,7 @@ def parse_engine_load(metrics_text: str, *, read_s: float) -> EngineLoad:
     return EngineLoad(
         running=sums[_RUNNING], waiting=sums[_WAITING], kv_usage=sum(usages) / len(usages) if usages else 0.0,
         kv_capacity_tokens=capacity_tokens, block_size=block_size, prefix_queried_tokens=sums[_PREFIX_QUERIES],
-        prefix_hit_tokens=sums[_PREFIX_HITS], read_s=read_s,
+        prefix_hit_tokens=sums[_PREFIX_HITS], kv_pulls_pending=pulls_pending, read_s=read_s,
     )
 
 

@@ -8,8 +8,10 @@ Made and torn down here; skipped, with the reason, where namespaces cannot be ma
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,11 +19,35 @@ from typing import Any
 import httpx
 import pytest
 
+from pdserve.config import DEMO_MODEL_NAME
+from pdserve.pd import decode, prefill
+from pdserve.pd.kv import KVTransferParams
 from tests import netbed
-from tests.netbed_pd import EJECT_FOR_S, KV_PULL_TIMEOUT_S, Deployment, complete, deployed, recent, stream
+from tests.netbed_pd import (
+    EJECT_FOR_S,
+    KV_PULL_TIMEOUT_S,
+    LINK_TIMEOUT_S,
+    PROMPT,
+    Deployment,
+    complete,
+    deployed,
+    recent,
+    stream,
+)
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif((reason := netbed.why_not()) is not None, reason=f"NO NETWORK BED: {reason}")]
+
+
+LONG_TOKENS = 1900  # seconds of generation on the demo model, within its 2,048-token context
+DEADLINE_S = 300.0  # for conditions the tests wait on: CI shares 2 cores
+
+
+@pytest.fixture(scope="module")
+def netem() -> None:
+    """Skips where this kernel has no netem qdisc (probed once, on a throwaway bed of one host)."""
+    if (reason := netbed.netem_missing()) is not None:
+        pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +117,184 @@ def test_a_partition_between_prefill_and_decode_recomputes_counts_and_ejects_unt
     stream(deployment, request_id="bed-mended")
     assert recent(deployment, "bed-mended")["kv"] == "pulled"
     print(f"\nstream across the cut link: {elapsed_s:.1f} s")
+
+
+@pytest.mark.parametrize("netem_args", [("delay", "1ms"), ("delay", "10ms"), ("loss", "1%")],
+                         ids=["delay-1ms", "delay-10ms", "loss-1pct"])
+def test_pd_across_links_with_latency_or_loss_equals_local_and_completes(
+        netem: None, deployment: Deployment, netem_args: tuple[str, str]) -> None:
+    """Both engine hosts' links (each delays or drops what it sends, so a KV read crosses two of them)."""
+    tag = "-".join(netem_args).replace("%", "pct")
+    for host in ("prefill", "decode"):
+        deployment.bed.add_netem(host, *netem_args)
+    try:
+        pd = complete(deployment, mode="pd", request_id=f"bed-netem-{tag}")
+        local = complete(deployment, mode="local", request_id=f"bed-netem-{tag}-local")
+        stream(deployment, request_id=f"bed-netem-{tag}-stream")
+    finally:
+        for host in ("prefill", "decode"):
+            deployment.bed.clear_limits(host)
+    assert pd["choices"][0]["token_ids"] == local["choices"][0]["token_ids"]
+    assert recent(deployment, f"bed-netem-{tag}")["prefill_url"] == deployment.url("prefill")
+    assert recent(deployment, f"bed-netem-{tag}-stream")["kv"] == "pulled"
+
+
+def test_a_partition_between_gateway_and_decode_mid_stream_ends_it_with_an_error_event_and_its_record(
+        deployment: Deployment) -> None:
+    """One decode engine, so the stream has nowhere to move on to (with another it would, as for a killed
+    engine: tests/e2e/test_faults.py): the silent link fails the stream's connection within
+    link_timeout_s (decode_idle_timeout_s otherwise), and the client gets one error event, not a hang."""
+    pd_record(deployment, "bed-before-stream-cut")
+    events, started_s, is_cut = b"", time.monotonic(), False
+    try:
+        with httpx.stream("POST", deployment.gateway_url + "/v1/completions", json=long_body(stream=True),
+                          headers={"X-PD-Mode": "pd", "X-Request-Id": "bed-stream-cut"}, timeout=DEADLINE_S) as reply:
+            for chunk in reply.iter_bytes():
+                events += chunk
+                if not is_cut and events.count(b"data: ") >= 3:  # the decode engine's tokens flow (the first
+                    deployment.bed.cut("gateway", "decode")  # may be the prefill engine's)
+                    started_s, is_cut = time.monotonic(), True
+    finally:
+        deployment.bed.mend("gateway", "decode")
+    elapsed_s = time.monotonic() - started_s
+    assert events.endswith(b"data: [DONE]\n\n") and b'"code": "decode_stream_failed"' in events, events[-500:]
+    assert events.count(b'"text"') < LONG_TOKENS  # cut mid-stream, not after it
+    assert elapsed_s < 30 + 60  # the link or idle timeout, not a hang
+    record = recent(deployment, "bed-stream-cut")
+    assert record["status"] == "decode_stream_failed" and record["decode_url"] == deployment.url("decode")
+    assert "request_id=bed-stream-cut role=decode" in deployment.log("gateway")
+    print(f"\nstream across a cut gateway-decode link ended after {elapsed_s:.1f} s")
+
+
+def test_a_partition_between_gateway_and_decode_fails_a_whole_reply_within_the_link_timeout(
+        deployment: Deployment) -> None:
+    """A whole reply has no bytes before its end, so no idle timeout can tell a silent link: without
+    gateway.link_timeout_s (TCP keepalive) it waited for request_timeout_s, an hour, and left no record."""
+    pd_record(deployment, "bed-before-whole-cut")
+    replies: list[httpx.Response | Exception] = []
+
+    def post() -> None:
+        try:
+            replies.append(httpx.post(deployment.gateway_url + "/v1/completions", json=long_body(stream=False),
+                                      headers={"X-PD-Mode": "pd", "X-Request-Id": "bed-whole-cut"},
+                                      timeout=LINK_TIMEOUT_S + 120))
+        except httpx.HTTPError as exc:
+            replies.append(exc)
+
+    client = threading.Thread(target=post)
+    client.start()
+    # Its decode leg is open (sent on the connection the request before left open, or connecting): the
+    # engine's own running count lags its seconds of generation.
+    until(lambda: legs_open(deployment, "decode") >= 1, what="the decode leg open")
+    deployment.bed.cut("gateway", "decode")
+    started_s = time.monotonic()
+    try:
+        client.join(timeout=LINK_TIMEOUT_S + 150)
+    finally:
+        deployment.bed.mend("gateway", "decode")
+    elapsed_s = time.monotonic() - started_s
+    (reply,) = replies
+    assert isinstance(reply, httpx.Response), f"no answer: {reply!r}"
+    assert reply.status_code in (502, 504) and "bed-whole-cut" in reply.json()["error"]["message"], reply.text
+    assert elapsed_s < LINK_TIMEOUT_S + 60
+    assert recent(deployment, "bed-whole-cut")["status"] == "failed"
+    print(f"\nwhole reply across a cut gateway-decode link failed after {elapsed_s:.1f} s")
+
+
+def test_a_prefill_engine_restarted_at_its_address_is_a_new_nixl_engine_and_pulls_go_on(
+        deployment: Deployment) -> None:
+    """vLLM's decode side caches a prefill engine's handshake by its engine id: had the restarted engine
+    kept its id, the decode engine would read through the dead engine's agent (the first pull fails and
+    the pair is ejected: seen here before pdserve gave each start an id of its own)."""
+    pd_record(deployment, "bed-before-restart")
+    before_id = nixl_engine_id(deployment)
+    failed_before = gateway_metric(deployment, 'pdserve_kv_recomputed_total{reason="pull_failed"}')
+    ejected_before = gateway_metric(deployment, 'pdserve_engine_ejections_total{role="prefill"}')
+    deployment.restart_engines("prefill")
+    assert nixl_engine_id(deployment) != before_id
+    pd_record(deployment, "bed-after-restart")
+    assert gateway_metric(deployment, 'pdserve_kv_recomputed_total{reason="pull_failed"}') == failed_before
+    assert gateway_metric(deployment, 'pdserve_engine_ejections_total{role="prefill"}') == ejected_before
+    pd = complete(deployment, mode="pd", request_id="bed-restarted-pd")
+    local = complete(deployment, mode="local", request_id="bed-restarted-local")
+    assert pd["choices"][0]["token_ids"] == local["choices"][0]["token_ids"]
+    assert recent(deployment, "bed-restarted-pd")["prefill_url"] == deployment.url("prefill")
+
+
+def long_body(*, stream: bool) -> dict[str, Any]:
+    return {"model": DEMO_MODEL_NAME, "prompt": PROMPT, "max_tokens": LONG_TOKENS, "temperature": 0,
+            "ignore_eos": True, "stream": stream}
+
+
+def until(condition: Any, *, what: str) -> None:
+    deadline_s = time.monotonic() + DEADLINE_S
+    while not condition():
+        assert time.monotonic() < deadline_s, f"waited {DEADLINE_S:.0f} s for {what}"
+        time.sleep(0.05)
+
+
+def pd_record(deployment: Deployment, prefix: str) -> dict[str, Any]:
+    """The record of the first of streamed PD requests sent one after another whose KV its prefill engine
+    prefilled and its decode engine pulled: the bed serves PD again (after a fault's ejections, or a restart)."""
+    deadline_s, attempt = time.monotonic() + DEADLINE_S, 0
+    while time.monotonic() < deadline_s:
+        attempt += 1
+        request_id = f"{prefix}-{attempt}"
+        reply = httpx.post(deployment.gateway_url + "/v1/completions", timeout=DEADLINE_S,
+                           headers={"X-PD-Mode": "pd", "X-Request-Id": request_id},
+                           json={**long_body(stream=True), "max_tokens": 4, "stream_options": {"include_usage": True}})
+        if reply.status_code == 200 and (record := recent(deployment, request_id))["kv"] == "pulled":
+            return record
+        time.sleep(1)
+    raise AssertionError(f"no PD request through the bed's prefill engine in {DEADLINE_S:.0f} s")
+
+
+def nixl_engine_id(deployment: Deployment) -> str:
+    """The prefill engine's NIXL engine id, from a prefill leg sent to it directly; its handoff given back."""
+    body = {"model": DEMO_MODEL_NAME, "prompt": PROMPT, "max_tokens": 4, "temperature": 0}
+    handoff = httpx.post(deployment.url("prefill") + "/v1/completions", timeout=120,
+                         json=prefill.make_body(body, connector="NixlConnector")).json()["kv_transfer_params"]
+    release = decode.make_release_body(KVTransferParams(fields=handoff, prompt_tokens=0))
+    httpx.post(deployment.url("decode") + "/v1/completions", json=release, timeout=120)
+    engine_id: str = handoff["remote_engine_id"]
+    return engine_id
+
+
+def legs_open(deployment: Deployment, role: str) -> int:
+    """Legs the gateway has open on the bed's ``role`` engine (/health lists them: the bed sets no keys)."""
+    (engine,) = httpx.get(deployment.gateway_url + "/health", timeout=30).json()["engines"][role]
+    legs: int = engine["in_flight"]
+    return legs
+
+
+def gateway_metric(deployment: Deployment, series: str) -> float:
+    return metric(httpx.get(deployment.gateway_url + "/metrics", timeout=30).text, series)
+
+
+def metric(text: str, series: str) -> float:
+    """The sum of ``series`` (a name, or a name and its labels as written) over its lines; 0 if none."""
+    name, _, labels = series.partition("{")
+    pattern = re.compile(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", re.MULTILINE)
+    return sum(float(value) for found_labels, value in pattern.findall(text)
+               if all(label in found_labels for label in labels.rstrip("}").split(",") if label))
+
+
+def test_a_whole_reply_whose_kv_pull_hangs_is_prefilled_by_its_decode_engine_after_kv_pull_timeout_s(
+        deployment: Deployment) -> None:
+    """A whole reply's headers come with its last token: it waited for request_timeout_s (an hour) where
+    a stream gave the pull up after kv_pull_timeout_s. Now the decode engine's count of pending pulls
+    tells it (gateway/whole_pull.py)."""
+    pd_record(deployment, "bed-before-whole-pull")
+    timeouts_before = gateway_metric(deployment, 'pdserve_kv_recomputed_total{reason="pull_timeout"}')
+    local = complete(deployment, mode="local", request_id="bed-whole-pull-local")
+    with deployment.bed.cut_between("prefill", "decode"):
+        started_s = time.monotonic()
+        pd = complete(deployment, mode="pd", request_id="bed-whole-pull")
+        elapsed_s = time.monotonic() - started_s
+    assert pd["choices"][0]["token_ids"] == local["choices"][0]["token_ids"]
+    assert elapsed_s < KV_PULL_TIMEOUT_S + 60
+    record = recent(deployment, "bed-whole-pull")
+    assert record["kv"] == "recomputed" and record["prefill_url"] == deployment.url("prefill"), record
+    assert gateway_metric(deployment, 'pdserve_kv_recomputed_total{reason="pull_timeout"}') == timeouts_before + 1
+    assert "request_id=bed-whole-pull KV NOT PULLED (pull_timeout)" in deployment.log("gateway")
+    print(f"\nwhole reply across a cut prefill-decode link: {elapsed_s:.1f} s")

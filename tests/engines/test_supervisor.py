@@ -180,3 +180,23 @@ async def test_engines_added_at_once_take_their_own_ports_and_one_drained_while_
         await supervisor.stop_all()
         keeper.cancel()
         await asyncio.gather(keeper, return_exceptions=True)
+
+
+async def test_a_restarted_engine_is_a_new_nixl_engine(tmp_path: Path) -> None:
+    """vLLM's decode side keys the handshakes it caches by engine id: one kept across a restart is
+    pulled from through the dead engine's agent (seen on the bed of hosts: a failed pull, the pair ejected)."""
+    supervisor = supervisor_with_fake_engines(tmp_path)
+    async with aiohttp.ClientSession() as session:
+        await supervisor.start_all(session)
+        keeper = asyncio.create_task(supervisor.keep_alive(session))
+        prefill = supervisor.engines[0]
+        first_id, first_pid, first_url = prefill.spec.engine_id, prefill.pid, prefill.spec.base_url
+        assert first_pid is not None and first_id.startswith("pdserve-prefill-0-")
+        assert len({engine.spec.engine_id for engine in supervisor.engines}) == len(supervisor.engines)
+        os.kill(first_pid, signal.SIGKILL)
+        assert await answers_health(session, prefill.spec.base_url, within_s=10)
+        assert prefill.pid != first_pid and prefill.spec.engine_id.startswith("pdserve-prefill-0-")
+        assert prefill.spec.engine_id != first_id and prefill.spec.base_url == first_url  # the same address
+        await supervisor.stop_all()
+        keeper.cancel()
+        await asyncio.gather(keeper, return_exceptions=True)

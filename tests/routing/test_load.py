@@ -56,3 +56,13 @@ def test_cache_size_falls_back_to_blocks_and_missing_samples_read_as_zero() -> N
     empty = parse_engine_load("", read_s=1.0)
     assert empty == EngineLoad(read_s=1.0) and empty.prefix_hit_rate is None
     assert math.isinf(EngineLoad().age_s(1.0))
+
+
+def test_a_decode_engines_pending_pulls_are_those_not_started_or_in_progress() -> None:
+    stages = {"waiting_to_start": 1, "in_progress": 2, "completed_waiting": 5}
+    text = vllm_load_metrics() + "".join(
+        f'vllm:num_requests_kv_fetch_by_stage{{engine="0",model_name="m",stage="{stage}"}} {count}.0\n'
+        for stage, count in stages.items())
+    assert parse_engine_load(text, read_s=0.0).kv_pulls_pending == 3
+    assert parse_engine_load(select_samples(text, READ_PREFIXES), read_s=0.0).kv_pulls_pending == 3
+    assert parse_engine_load(vllm_load_metrics(), read_s=0.0).kv_pulls_pending == 0  # an engine that does not say
