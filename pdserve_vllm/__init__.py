@@ -15,6 +15,11 @@ PROGRESS_DELAY_ENV = "PDSERVE_NIXL_PROGRESS_DELAY_US"
 FIRST_TOKEN_PROCESSOR = "pdserve_vllm.first_token:FirstTokenProcessor"
 FIRST_TOKEN_ARG = "pdserve_first_token"
 
+# A prefill leg's ``kv_transfer_params`` key asking a hybrid model's prefill engine to compute the whole prompt
+# (hybrid_connector.py), and the key of its reply's that says it did (whole_prompt.py).
+WHOLE_PROMPT_KEY = "pdserve_whole_prompt"
+WHOLE_PROMPT_KEPT_KEY = "pdserve_whole_prompt_kept"
+
 
 def pause_progress_thread(bindings: Any, delay_us: int) -> None:
     """Every NIXL agent made through ``bindings`` (NIXL's compiled module, ``nixlBind`` in its

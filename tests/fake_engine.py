@@ -12,6 +12,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from pdserve_vllm import WHOLE_PROMPT_KEPT_KEY, WHOLE_PROMPT_KEY
+
 KV_PARAMS = {"remote_engine_id": "fake", "remote_block_ids": [3, 4], "remote_host": "127.0.0.1", "remote_port": 1}
 FIRST_TOKEN_ID = 7  # the token a prefill reply samples
 WORDS = ["Hello", " there", ",", " friend", "."]
@@ -41,6 +43,8 @@ class FakeEngine:
     served_model: str = "pdserve-demo"  # any other model gets vLLM's 404
     words: list[str] = field(default_factory=lambda: list(WORDS))  # what it generates, one token each
     prefill_stops_short: int = 0  # prompt tokens a prefill leaves to the decode engine (1: a hybrid model's)
+    # A hybrid's prefill engine running pdserve_vllm.hybrid_connector: one asked for the whole prompt computes it.
+    keeps_whole_prompt: bool = False
     # A decode reply's usage.prompt_tokens_details.cached_tokens, as vLLM with --enable-prompt-tokens-details
     # gives it (entrypoints/openai/chat_completion/serving.py, num_cached_tokens); None: no details.
     # The prompt's length: its KV came over; 0: the engine computed it again (its pull failed).
@@ -138,7 +142,10 @@ class FakeEngine:
         with ``return_token_ids``, the prompt's and the token's ids; ``remote_num_tokens``, the prompt
         tokens the engine computed."""
         ids = self._prompt_ids(body)
-        kv_params = {**KV_PARAMS, "remote_num_tokens": len(ids) - self.prefill_stops_short}
+        is_whole = self.keeps_whole_prompt and body["kv_transfer_params"].get(WHOLE_PROMPT_KEY) is True
+        kv_params = {**KV_PARAMS, "remote_num_tokens": len(ids) - (0 if is_whole else self.prefill_stops_short)}
+        if is_whole:
+            kv_params[WHOLE_PROMPT_KEPT_KEY] = True
         usage = {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1}
         if "messages" in body:  # a chat reply (vLLM 0.32 chat_completion/serving.py:1095-1205): prompt ids beside the choices
             message = self.first_message or {"role": "assistant", "content": self.words[0], "reasoning": None,

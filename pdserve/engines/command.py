@@ -25,10 +25,11 @@ OTLP_PROTOCOL_ENV = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 # loads the compiled graphs instead of compiling for minutes.
 COMPILE_CACHE_ENV = "VLLM_CACHE_ROOT"
 DEFAULT_COMPILE_CACHE = "~/.cache/vllm"  # vLLM's own default (vllm/envs.py)
-# vLLM's NixlConnector, loaded from pdserve's module that makes its NIXL progress thread pause, or from the
-# one that also stages a hybrid model's KV in host memory (vLLM 0.26's own cannot: pdserve_vllm/host_mirror.py).
+# vLLM's NixlConnector, loaded from pdserve's module that makes its NIXL progress thread pause, or, for a hybrid
+# model, from the one that also keeps a prefill's whole prompt where the gateway asks and stages its KV in host
+# memory where the engine does (pdserve_vllm/whole_prompt.py, host_mirror.py).
 PROGRESS_CONNECTOR_MODULE = "pdserve_vllm.nixl_progress"
-HYBRID_HOST_BUFFER_CONNECTOR_MODULE = "pdserve_vllm.hybrid_connector"
+HYBRID_CONNECTOR_MODULE = "pdserve_vllm.hybrid_connector"
 # The prefill engine only produces KV cache, the decode engine only consumes it.
 KV_ROLES = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer"}
 
@@ -201,8 +202,8 @@ def kv_transfer_config(
     layout: Layout = Layout.ATTENTION,
 ) -> dict[str, Any]:
     """vLLM's ``--kv-transfer-config`` for one engine: unique engine_id, role, buffer device; vLLM's
-    connector taken from pdserve's module where its NIXL progress thread is to pause, or where a hybrid
-    model's KV is staged in host memory by a GPU engine."""
+    connector taken from pdserve's module for a hybrid model (its prefill engine's token can then lead a streamed
+    completion, and a GPU engine can stage its KV in host memory), else where its NIXL progress thread is to pause."""
     extra: dict[str, Any] = {"backends": list(kv.backends)}
     if is_cross_layer:
         extra[CROSS_LAYER_KEY] = True
@@ -214,8 +215,8 @@ def kv_transfer_config(
         "kv_connector_extra_config": extra,
         "kv_load_failure_policy": kv.load_failure_policy,
     }
-    if spec.pool.device == "cuda" and buffer_device == "cpu" and layout is Layout.HYBRID:
-        config["kv_connector_module_path"] = HYBRID_HOST_BUFFER_CONNECTOR_MODULE
+    if layout is Layout.HYBRID:
+        config["kv_connector_module_path"] = HYBRID_CONNECTOR_MODULE
     elif progress_delay_us(spec, kv):
         config["kv_connector_module_path"] = PROGRESS_CONNECTOR_MODULE
     return config

@@ -72,6 +72,7 @@ class Orchestrator:
         self._max_model_len, self._native = max_model_len, native
         self._spec, self._connector, self._metrics, self._handoffs = spec, connector, metrics, handoffs
         self._releases: set[asyncio.Task[None]] = set()  # handoffs being given back (owned: see close)
+        self._said_whole_prompt_refused = False  # the warning that prefill engines cut hybrid prompts short, once
         self.recent = RecentRequests() if recent is None else recent  # what the live page lists
 
     async def run(self, call: Call) -> Reply:
@@ -98,6 +99,10 @@ class Orchestrator:
                 return self._first_token_only(call, first)
             made = make_lead(call.body, first, kv, path=call.path)
         self._count_first_token(call, made if isinstance(made, Reason) else Reason.ELIGIBLE)
+        if isinstance(made, Reason) and kv is not None and kv.is_whole_prompt:
+            # a hybrid's state after the whole prompt lines up with no decode prompt but the lead's: prefill again
+            self._release(kv, call.request_id)
+            kv = None
         lead = None
         if isinstance(made, Reason):
             decode_body = call.body if kv is None else decode.make_body(call.body, kv)
@@ -174,11 +179,23 @@ class Orchestrator:
         if kv is None or kv.first is None:
             return Reason.LOCAL
         if isinstance(kv.first, Reason):
+            if kv.first is Reason.PREFILL_STOPPED_SHORT and not first_token.is_forced(call.body, path=call.path):
+                self._say_whole_prompt_refused(kv)
             return kv.first
         first = first_token.for_client(call.body, kv.first, path=call.path, max_model_len=self._max_model_len())
         if call.path != resume.CHAT_PATH or not self._engines_parse_chat:
             return first
         return first_delta.parsed_delta(call.body, first, tool_call_parser=self._tool_call_parser)
+
+    def _say_whole_prompt_refused(self, kv: KVTransferParams) -> None:
+        """Once: a prefill engine asked for a hybrid's whole prompt computed it a token short, so such requests get
+        the decode engine's first token (the engine runs vLLM's own connector, or one pdserve_vllm cannot change)."""
+        if not self._said_whole_prompt_refused:
+            self._said_whole_prompt_refused = True
+            log.warning("prefill engine %s stops a hybrid model's prompts a token short although asked for the whole "
+                        "prompt: it does not load pdserve_vllm.hybrid_connector, or that cannot change its vLLM's "
+                        "NixlConnector (its log says); streamed completions get the decode engine's first token",
+                        kv.prefill_url)
 
     def _count_first_token(self, call: Call, reason: Reason) -> None:
         source = Role.PREFILL if reason is Reason.ELIGIBLE else Role.DECODE
@@ -226,7 +243,9 @@ class Orchestrator:
             return None
 
     async def _run_prefill(self, call: Call, key: PromptKey, wants_first_token: bool) -> KVTransferParams:
-        body = prefill.make_body(call.body, connector=self._connector, wants_first_token=wants_first_token)
+        body = prefill.make_body(call.body, connector=self._connector, wants_first_token=wants_first_token,
+                                 wants_whole_prompt=wants_first_token and not first_token.is_forced(call.body,
+                                                                                                     path=call.path))
 
         async def attempt(endpoint: Endpoint) -> KVTransferParams:
             trace = call.trace.leg(Role.PREFILL, endpoint.url)

@@ -13,6 +13,10 @@ would) and the decode engine carries on after it (pd/lead.py), in one of two way
   the whole n + 1 tokens as remote, reads the prefill engine's blocks into them and, the prompt being
   "fully cached", recomputes the last position (``get_num_new_matched_tokens``,
   ``_update_waiting_for_remote_kv``; vLLM 0.26 and 0.32); kv.py's ``fields_for_prompt`` maps the blocks.
+  A hybrid model's (Mamba, Gated DeltaNet) prefill leg asks its engine to compute the whole prompt, which vLLM's
+  connector would stop a token short (pdserve_vllm/whole_prompt.py): its decode engine loads all but its own
+  prompt's last token, here the whole prompt, in the blocks that hold it, and computes the token from the
+  recurrent state after it, as one engine's second step does.
 - from it (forced): a chat request, whose decode leg cannot take token ids and whose chat layer (role
   event, parsers, usage) must see the token as output, and a completion whose stop strings, output
   penalties, min_tokens, seed or guided decoding span the first two tokens: the decode leg is the
@@ -20,8 +24,13 @@ would) and the decode engine carries on after it (pd/lead.py), in one of two way
   makes its first output token the prefill engine's. That engine then writes one engine's whole stream;
   the gateway drops the events of that first step, which the client had already.
 
-Not where the output could differ from one engine's (``why_not`` names each case): a hybrid model's
-prefill engine stops one token short (``remote_num_tokens`` < the prompt), so its token is not the first;
+Not where the output could differ from one engine's (``why_not`` names each case): a prefill engine that
+stopped a hybrid's prompt a token short (``remote_num_tokens`` < the prompt), whose token follows n - 1 tokens.
+That is every forced request of a hybrid: its decode leg's prompt is the client's n tokens, of which vLLM's
+decode engine loads n - 1 and computes the last from the recurrent state handed over, so the prefill engine
+must stop at n - 1, and a recurrent state cannot be stepped back to give both (a chat's prompt cannot be
+lengthened by the token: the decode engine renders it). It is also a streamed completion whose prefill engine
+does not load pdserve_vllm.hybrid_connector (the gateway says so once).
 a chat request with stop strings to engines that parse reasoning or tool calls (the text held back for
 them reaches the parser with a later token), or whose first token's streamed delta the prefill engine's
 whole reply does not tell (pd/first_delta.py); logprobs, echo and token ids
@@ -53,7 +62,7 @@ class Reason(StrEnum):
     WITH_TOKEN_IDS = "with_return_token_ids"
     WITH_N = "with_n"
     WITH_CONTINUOUS_USAGE = "with_continuous_usage_stats"
-    PREFILL_STOPPED_SHORT = "prefill_stopped_short"  # a hybrid model's prefill engine leaves the last token
+    PREFILL_STOPPED_SHORT = "prefill_stopped_short"  # a hybrid's prefill engine left the last token (forced, or vLLM's own)
     PREFILL_REPLY_UNREADABLE = "prefill_reply_unreadable"
     BLOCKS_UNMAPPED = "blocks_unmapped"  # kv.py cannot map the blocks onto the prompt plus the token
 

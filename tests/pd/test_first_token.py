@@ -10,6 +10,7 @@ import pytest
 from pdserve.pd import first_token
 from pdserve.pd.first_token import FirstToken, Reason
 from pdserve.pd.kv import KVTransferParams
+from pdserve_vllm import WHOLE_PROMPT_KEPT_KEY
 
 COMPLETIONS = "/v1/completions"
 FIRST = FirstToken(token_id=7, text=" the", finish_reason="length", stop_reason=None, prompt_token_ids=(1, 2, 3),
@@ -110,3 +111,13 @@ def test_the_prefill_engines_blocks_map_onto_a_prompt_one_token_longer(
     assert (None if fields is None else fields["remote_block_ids"]) == mapped
     assert fields is None or fields["remote_engine_id"] == "p"
     assert replace(kv, block_size=0).fields_for_prompt(prompt_tokens) is None  # the engine's block size not read yet
+
+
+def test_a_hybrids_whole_prompt_handoff_maps_as_it_is_onto_the_prompt_plus_the_token_only() -> None:
+    """The decode engine of a hybrid loads its prompt but the last token: the whole prefilled prompt, in its blocks."""
+    fields = {"remote_block_ids": [[3, 4], [9]], "remote_num_tokens": 20, WHOLE_PROMPT_KEPT_KEY: True}
+    kv = KVTransferParams(fields=fields, prompt_tokens=20, block_size=16)
+    assert kv.is_whole_prompt and kv.fields_for_prompt(21) == fields
+    assert kv.fields_for_prompt(20) is None and kv.fields_for_prompt(22) is None
+    short = KVTransferParams(fields={**fields, WHOLE_PROMPT_KEPT_KEY: None}, prompt_tokens=20, block_size=16)
+    assert not short.is_whole_prompt and short.fields_for_prompt(21) is None  # vLLM's handoff: several groups

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from pdserve.pd import decode, prefill
 from pdserve.pd.kv import KVTransferParams
+from pdserve_vllm import WHOLE_PROMPT_KEY
 
 
 def test_prefill_body_is_one_unstreamed_token_that_keeps_kv_for_remote_decode() -> None:
@@ -13,6 +14,15 @@ def test_prefill_body_is_one_unstreamed_token_that_keeps_kv_for_remote_decode() 
     assert shaped["min_tokens"] == 1  # the one token may not end the reply where one engine's could not
     assert shaped["kv_transfer_params"]["do_remote_decode"] is True
     assert body["max_tokens"] == 50 and "kv_transfer_params" not in body  # pure
+
+
+def test_a_prefill_leg_asks_for_the_whole_prompt_only_when_told() -> None:
+    body = {"model": "m", "prompt": "p", "stream": True}
+    assert WHOLE_PROMPT_KEY not in prefill.make_body(body, connector="NixlConnector", wants_first_token=True)[
+        "kv_transfer_params"]
+    shaped = prefill.make_body(body, connector="NixlConnector", wants_first_token=True, wants_whole_prompt=True)
+    assert shaped["kv_transfer_params"][WHOLE_PROMPT_KEY] is True
+    assert WHOLE_PROMPT_KEY not in prefill.make_body(body, connector="NixlConnector")["kv_transfer_params"]  # pure
 
 
 def test_decode_body_is_the_original_plus_prefill_kv_params() -> None:

