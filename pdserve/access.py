@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
 
-from pdserve.config import GatewaySpec, secret_env
+from pdserve.config import secret_env
 from pdserve.errors import ConfigError
+from pdserve.gateway_config import GatewaySpec
 
 API_KEYS_ENV = "PDSERVE_API_KEYS"
 ADMIN_KEY_ENV = "PDSERVE_ADMIN_KEY"

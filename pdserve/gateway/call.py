@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pdserve.config import GatewaySpec
 from pdserve.gateway.tracing import NO_TRACE, RequestTrace
+from pdserve.gateway_config import GatewaySpec
 from pdserve.routing.decision import Mode
 
 

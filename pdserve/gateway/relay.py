@@ -16,13 +16,13 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pdserve.config import GatewaySpec
 from pdserve.errors import LegFailed, PdserveError
 from pdserve.gateway.call import Call, ClientSocket
 from pdserve.gateway.handoffs import Handoffs
 from pdserve.gateway.metrics import GatewayMetrics, ModeMetrics
 from pdserve.gateway.recent import FinishedRequest, RecentRequests, status_of
 from pdserve.gateway.tracing import LegTrace
+from pdserve.gateway_config import GatewaySpec
 from pdserve.pd import kv_proof, legs, resume
 from pdserve.pd.engine_http import EngineReply, EngineUnreachable
 from pdserve.pd.kv import KVTransferParams

@@ -22,11 +22,12 @@ from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from pdserve.access import load_access_keys
-from pdserve.config import NODE_HOST, Settings
+from pdserve.config import Settings
 from pdserve.engines.members import MembersFolder
 from pdserve.errors import ConfigError, EngineStartFailed
 from pdserve.gateway.app import TRANSPORT_EXTENSION, OfferedConnection, build_app
 from pdserve.gateway.workers import SharedHealth, Worker, reuseport_socket
+from pdserve.gateway_config import NODE_HOST
 from pdserve.logs import logging_off_the_loop
 
 
