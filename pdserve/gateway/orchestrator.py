@@ -35,7 +35,8 @@ from pdserve.gateway.relay import DecodeLeg, Relay
 from pdserve.gateway.tracing import LegTrace
 from pdserve.gateway_config import GatewaySpec
 from pdserve.pd import decode, first_delta, first_events, first_token, prefill, resume
-from pdserve.pd.engine_http import EngineClient, EngineReply
+from pdserve.pd.engine_http import EngineClient
+from pdserve.pd.engine_reply import EngineReply
 from pdserve.pd.first_token import FirstToken, Reason
 from pdserve.pd.kv import KVTransferParams
 from pdserve.pd.kv_proof import KvOutcome, RecomputeReason

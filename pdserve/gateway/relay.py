@@ -24,7 +24,7 @@ from pdserve.gateway.recent import FinishedRequest, RecentRequests, status_of
 from pdserve.gateway.tracing import LegTrace
 from pdserve.gateway_config import GatewaySpec
 from pdserve.pd import kv_proof, legs, resume
-from pdserve.pd.engine_http import EngineReply, EngineUnreachable
+from pdserve.pd.engine_reply import EngineReply, EngineUnreachable
 from pdserve.pd.kv import KVTransferParams
 from pdserve.pd.kv_proof import KvOutcome, RecomputeReason
 from pdserve.pd.lead import USAGE_MARK, Lead, count_in_usage, drop_echoed
