@@ -34,7 +34,7 @@ class Call:
 
 
 class ClientSocket(Protocol):
-    """The client's connection, where the server offers it (gateway/app.py's ClientTransport)."""
+    """The client's connection, where the server offers it (gateway/client_reply.py's ClientTransport)."""
 
     def write_now(self, chunk: bytes) -> bool:
         """Write one chunk of the stream at once, if nothing waits ahead of it in the client's buffer;
