@@ -28,10 +28,11 @@ from pdserve.errors import LegFailed, NoHealthyEndpoint
 from pdserve.gateway import whole_pull
 from pdserve.gateway.admission import Admission
 from pdserve.gateway.call import Call, Reply
+from pdserve.gateway.decode_leg import DecodeLeg
 from pdserve.gateway.handoffs import Handoffs
 from pdserve.gateway.metrics import GatewayMetrics
 from pdserve.gateway.recent import RecentRequests, never_answered
-from pdserve.gateway.relay import DecodeLeg, Relay
+from pdserve.gateway.relay import Relay
 from pdserve.gateway.tracing import LegTrace
 from pdserve.gateway_config import GatewaySpec
 from pdserve.pd import decode, first_delta, first_events, first_token, prefill, resume
