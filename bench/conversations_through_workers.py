@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from bench.config_ab import run_rounds
 from bench.prefix_routing import prefix_tokens
 from bench.soak import Deployment, start
-from pdserve.config import DEMO_MODEL_NAME
+from pdserve.engine_config import DEMO_MODEL_NAME
 from tests.conftest import free_port
 from tests.e2e.ray_cluster import Node, local_cluster
 

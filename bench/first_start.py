@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.config_ab import ENGINE_READY, machine_line, parse_arm
-from pdserve.config import DEMO_MODEL_NAME
+from pdserve.engine_config import DEMO_MODEL_NAME
 from tests.conftest import free_port_block
 
 READY = re.compile(r"ready in (\d+)s")

@@ -19,7 +19,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pdserve.config import DEMO_MODEL_NAME
+from pdserve.engine_config import DEMO_MODEL_NAME
 from pdserve.pd import decode, prefill
 from pdserve.pd.engine_http import EngineClient
 

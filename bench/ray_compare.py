@@ -45,7 +45,8 @@ from pdserve.bench.prompts import PromptMaker, prompt_maker
 from pdserve.bench.stats import Slo
 from pdserve.bench.sweep import StreamsLoad, sweep
 from pdserve.bench.workload import BenchRequest, Lengths, synthetic
-from pdserve.config import DEMO_MODEL_NAME, load_settings
+from pdserve.config import load_settings
+from pdserve.engine_config import DEMO_MODEL_NAME
 from pdserve.engines.cpu_affinity import confine_engine
 from tests.e2e.ray_cluster import LocalCluster, Node, local_cluster
 

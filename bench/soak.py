@@ -38,7 +38,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pdserve.config import DEMO_MODEL_NAME
+from pdserve.engine_config import DEMO_MODEL_NAME
 from tests.conftest import free_port_block
 
 CLIENT_TIMEOUT_S = 120.0

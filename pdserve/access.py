@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
 
-from pdserve.config import GatewaySpec, secret_env
-from pdserve.errors import ConfigError
+from pdserve.config import secret_env
+from pdserve.errors import BadRequest, ConfigError
+from pdserve.gateway_config import GatewaySpec
 
 API_KEYS_ENV = "PDSERVE_API_KEYS"
 ADMIN_KEY_ENV = "PDSERVE_ADMIN_KEY"
@@ -44,6 +45,13 @@ class AccessKeys:
         if is_admin or (self.admin_key is None and not self.api_keys):
             return Access.ADMIN
         return Access.CLIENT if any(matches) or not self.api_keys else Access.NONE
+
+    def require(self, authorization: bytes | None, needed: Access) -> None:
+        """Raises BadRequest (401) unless ``authorization`` grants ``needed``; the key is never echoed."""
+        if self.grant(authorization) < needed:
+            message = "Incorrect API key provided." if authorization else (
+                "You didn't provide an API key: send it as `Authorization: Bearer <key>`.")
+            raise BadRequest(message, status=401, code="invalid_api_key")
 
     def headers(self) -> dict[str, str]:
         """What a pdserve tool (verify, ray up) sends the gateway: the admin key, else an API key."""

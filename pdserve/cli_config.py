@@ -18,7 +18,8 @@ from typing import Annotated, Any, NoReturn
 import typer
 import uvloop
 
-from pdserve.config import LogFormat, Settings, load_settings
+from pdserve.config import Settings, load_settings
+from pdserve.engine_config import LogFormat
 from pdserve.errors import ConfigError, PdserveError
 from pdserve.logs import error_line, logging_off_the_loop
 

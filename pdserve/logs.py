@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from logging.handlers import QueueHandler, QueueListener
 from typing import Any
 
-from pdserve.config import LogFormat
+from pdserve.engine_config import LogFormat
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # ``request_id=abc role=decode elapsed_ms=12.5``: the structured part of a line, as the gateway writes it.

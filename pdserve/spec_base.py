@@ -1,4 +1,4 @@
-"""The base of every part of the configuration tree (config.py, cluster_config.py)."""
+"""The base of every part of the configuration tree (config.py, engine_config.py, gateway_config.py, cluster_config.py)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import yaml
 
-from pdserve.config import DEMO_MODEL_NAME
+from pdserve.engine_config import DEMO_MODEL_NAME
 from tests.netbed import NetBed
 
 ENGINE_PORT = {"prefill": 8100, "decode": 8200}

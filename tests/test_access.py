@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from pdserve.access import ADMIN_KEY_ENV, API_KEYS_ENV, Access, AccessKeys, load_access_keys
-from pdserve.config import GatewaySpec
 from pdserve.errors import ConfigError
+from pdserve.gateway_config import GatewaySpec
 
 KEY_A, KEY_B, ADMIN = "a" * 16 + "-client", "b" * 16 + "-client", "c" * 16 + "-admin"
 

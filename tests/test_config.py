@@ -7,9 +7,10 @@ import pytest
 import yaml
 
 import pdserve
-from pdserve.config import Role, load_settings, parse_settings
+from pdserve.config import load_settings, parse_settings
 from pdserve.config_doc import example_yaml
 from pdserve.errors import ConfigError
+from pdserve.role import Role
 
 
 def test_public_api_is_exactly_all() -> None:
@@ -105,7 +106,7 @@ def test_engines_on_another_host_give_their_own_address_for_kv_and_legs() -> Non
 
 
 def test_a_pool_names_the_tool_call_parser_its_engines_run() -> None:
-    from pdserve.config import PoolSpec
+    from pdserve.engine_config import PoolSpec
 
     assert PoolSpec(extra_args=["--tool-call-parser", "hermes"]).tool_call_parser == "hermes"
     assert PoolSpec(extra_args=["--tool-call-parser=hermes", "--enable-auto-tool-choice"]).tool_call_parser == "hermes"

@@ -24,7 +24,8 @@ from pdserve.bench.report import to_markdown, write_report
 from pdserve.bench.stats import Slo, Summary
 from pdserve.bench.sweep import Load, PoissonLoad, StreamsLoad, Workload
 from pdserve.bench.workload import BenchRequest, Lengths, replay_trace, shared_prefix_chat, synthetic
-from pdserve.config import DEMO_MODEL_NAME, load_settings
+from pdserve.config import load_settings
+from pdserve.engine_config import DEMO_MODEL_NAME
 from pdserve.errors import ConfigError, PdserveError
 from pdserve.logs import logging_off_the_loop
 

@@ -31,7 +31,7 @@ from pdserve.bench.records import RequestRecord
 from pdserve.bench.services import child_service, free_port, gateway_argv, synthetic_engines
 from pdserve.bench.stats import Slo, Summary, Window, summarize
 from pdserve.bench.workload import Lengths, synthetic
-from pdserve.config import DEMO_MODEL_NAME
+from pdserve.engine_config import DEMO_MODEL_NAME
 from pdserve.errors import BenchFailed
 from pdserve.pd import native_relay
 

@@ -15,8 +15,8 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from pdserve.config import DEMO_MODEL_NAME
 from pdserve.demo.plan import TrainPlan
+from pdserve.engine_config import DEMO_MODEL_NAME
 
 MARKER_FILE = "pdserve-demo.json"
 DEFAULT_TRAIN_STEPS = 250

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from pdserve.config import KVTransferSpec, LaunchSpec, PoolSpec, Settings
+from pdserve.config import Settings
 from pdserve.deploy.k8s_names import (
     GATEWAY_PORT_NAME,
     RAY_HEAD_PORTS,
@@ -23,6 +23,7 @@ from pdserve.deploy.k8s_names import (
 )
 from pdserve.deploy.monitoring import dashboard_config_map, engine_pod_monitor, gateway_pod_monitor
 from pdserve.deploy.rayservice import COMPILE_CACHE_DIR, rayservice
+from pdserve.engine_config import KVTransferSpec, LaunchSpec, PoolSpec
 from pdserve.engines.kv_link import has_gpudirect
 from pdserve.errors import ConfigError
 from pdserve.role import Role

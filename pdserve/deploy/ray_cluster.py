@@ -18,9 +18,10 @@ from urllib.parse import urlsplit
 import aiohttp
 from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
 
-from pdserve.config import NODE_HOST, Settings
+from pdserve.config import Settings
 from pdserve.deploy.serve import serve_config
 from pdserve.errors import DeployError, EngineStartFailed
+from pdserve.gateway_config import NODE_HOST
 from pdserve.up import ready_line, wait_ready
 
 POLL_S = 2.0

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from pdserve.cluster_config import KubernetesSpec
-from pdserve.config import PoolSpec, Settings
+from pdserve.config import Settings
 from pdserve.deploy.k8s_names import (
     API_KEYS_SECRET_KEYS,
     ENGINE_PORT_NAME,
@@ -31,6 +31,7 @@ from pdserve.deploy.k8s_names import (
     ray_token_secret_name,
 )
 from pdserve.deploy.serve import serve_config_yaml
+from pdserve.engine_config import PoolSpec
 from pdserve.role import Role
 
 GPU_RESOURCE = "nvidia.com/gpu"

@@ -11,7 +11,8 @@ from typing import Any
 import yaml
 
 from pdserve.cluster_config import RayAutoscalingSpec
-from pdserve.config import PoolSpec, Settings
+from pdserve.config import Settings
+from pdserve.engine_config import PoolSpec
 from pdserve.role import Role
 
 IMPORT_PATH = "pdserve.ray:app"

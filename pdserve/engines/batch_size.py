@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdserve.config import EngineSpec, PoolSpec
+from pdserve.engine_config import EngineSpec, PoolSpec
 from pdserve.engines.host_checks import VLLM_GPU_MEMORY_UTILIZATION
 from pdserve.engines.model_layout import RecurrentShape
 from pdserve.errors import ConfigError

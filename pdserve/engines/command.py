@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pdserve.config import EngineSpec, KVTransferSpec, ModelSpec, PoolSpec
+from pdserve.engine_config import EngineSpec, KVTransferSpec, ModelSpec, PoolSpec
 from pdserve.engines.batch_size import flag_value, max_num_seqs_args
 from pdserve.engines.cpu_affinity import parse_cpu_list
 from pdserve.engines.kv_link import BufferChoice, HostLink, choose_buffer_device, libfabric_env, libfabric_provider

@@ -12,7 +12,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from pdserve.config import KVTransferSpec, PoolSpec
+from pdserve.engine_config import KVTransferSpec, PoolSpec
 from pdserve.engines.kv_link import HostLink, choose_buffer_device
 from pdserve.engines.nixl_plugins import backend_problems
 from pdserve.errors import EngineStartFailed

@@ -14,7 +14,7 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdserve.config import KVTransferSpec, PoolSpec
+from pdserve.engine_config import KVTransferSpec, PoolSpec
 
 SYS_ROOT = Path("/sys")
 # Kernel modules that let an RDMA NIC read GPU memory without dma-buf: NVIDIA's, and the one the EKS

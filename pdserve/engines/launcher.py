@@ -21,7 +21,7 @@ from typing import IO
 
 import aiohttp
 
-from pdserve.config import EngineSpec
+from pdserve.engine_config import EngineSpec
 from pdserve.engines.command import COMPILE_CACHE_ENV, CPU_BIND_ENV, DEFAULT_COMPILE_CACHE, EngineCommand
 from pdserve.engines.cpu_affinity import confine_engine, parse_cpu_list
 from pdserve.engines.kv_path import NOTE_PREFIX

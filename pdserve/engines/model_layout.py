@@ -14,7 +14,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pdserve.config import EngineSpec
+from pdserve.engine_config import EngineSpec
 from pdserve.errors import ConfigError
 
 # NixlConnector reads a Mamba conv state as three sub-projections and asserts this layout at

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdserve.config import EngineSpec, MpsMode
+from pdserve.engine_config import EngineSpec, MpsMode
 from pdserve.errors import ConfigError, EngineStartFailed
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,8 @@ from dataclasses import replace
 
 import aiohttp
 
-from pdserve.config import EngineSpec, Settings
+from pdserve.config import Settings
+from pdserve.engine_config import EngineSpec
 from pdserve.engines.command import CPU_BIND_ENV, build_engine_command, split_cpus
 from pdserve.engines.drain import wait_until_idle
 from pdserve.engines.kv_link import probe_host_link
@@ -240,7 +241,7 @@ class Supervisor:
 
 
 def new_instance(spec: EngineSpec) -> EngineSpec:
-    """``spec`` as an engine never started before: its NIXL engine id (config.py) is new at each start, so a
+    """``spec`` as an engine never started before: its NIXL engine id (engine_config.py) is new at each start, so a
     decode engine that cached the handshake of the engine it replaces (vLLM keys it by engine id) makes a
     new one, rather than reading from the dead engine's agent (a pull that fails, and a pair ejected)."""
     return spec.model_copy(update={"instance": f"{spec.index}-{secrets.token_hex(4)}"})

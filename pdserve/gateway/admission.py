@@ -16,8 +16,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
-from pdserve.config import GatewaySpec
 from pdserve.errors import Overloaded, OverloadReason
+from pdserve.gateway_config import GatewaySpec
 from pdserve.role import Role
 from pdserve.routing.pool import Endpoint, Pool
 

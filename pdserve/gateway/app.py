@@ -1,20 +1,15 @@
-"""The gateway's ASGI app: routes, lifespan (HTTP client, pool, health loop, warm-up), access checks.
-
-Request shaping lives in pd/, the request flow in orchestrator.py, what a failure tells the client
-in client_errors.py; this module only speaks HTTP.
-"""
+"""Build the gateway's ASGI app: the completion routes as plain ASGI, the rest on Starlette, and the lifespan
+(HTTP client, pool, health loop, warm-up). Request shaping lives in pd/, the request flow in orchestrator.py,
+what a failure tells the client in client_errors.py, writing the reply in client_reply.py."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
-import logging
-import socket
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, TypedDict, cast
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from starlette.applications import Starlette
@@ -29,19 +24,26 @@ from pdserve.config import Settings
 from pdserve.engines.members import MembersFolder
 from pdserve.errors import BadRequest, NotReady, PdserveError
 from pdserve.gateway import dashboard, readiness, tracing
+from pdserve.gateway.admin_routes import AdminRoutes
 from pdserve.gateway.admission import Admission
 from pdserve.gateway.call import Call, Reply
-from pdserve.gateway.client_errors import ClientError, client_error
+from pdserve.gateway.client_errors import client_error
+from pdserve.gateway.client_reply import JSON, error_headers, offered, send_error, send_reply, send_whole
 from pdserve.gateway.disconnect import ClientDisconnected, DisconnectGuard
-from pdserve.gateway.engine_rows import EngineRow, engine_rows, rows_json, with_leg_counts, workers_counted
 from pdserve.gateway.handoffs import Handoffs
 from pdserve.gateway.kv_monitor import KVMonitor
 from pdserve.gateway.metrics import GatewayMetrics
 from pdserve.gateway.model_card import ModelCards
 from pdserve.gateway.orchestrator import Orchestrator
 from pdserve.gateway.recent import RecentRequests
-from pdserve.gateway.request_input import check_header_size, header_map, parse_mode, read_body, request_id
-from pdserve.gateway.scaling import MAX_BODY_BYTES, wanted_pools
+from pdserve.gateway.request_input import (
+    authorization,
+    check_header_size,
+    header_map,
+    parse_mode,
+    read_body,
+    request_id,
+)
 from pdserve.gateway.workers import Worker
 from pdserve.pd import native_relay
 from pdserve.pd.engine_http import EngineClient
@@ -56,11 +58,6 @@ from pdserve.routing.sources import EndpointSource, FixedEndpoints, LaunchedEngi
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
-log = logging.getLogger(__name__)
-JSON = "application/json"
-# The scope extension under which gateway/server.py offers the client connection's transport.
-TRANSPORT_EXTENSION = "pdserve.transport"
-_TCP_CORK: int | None = getattr(socket, "TCP_CORK", None)
 SCHEMAS: dict[str, type[ChatRequest | CompletionRequest]] = {
     "/v1/completions": CompletionRequest, "/v1/chat/completions": ChatRequest,
 }
@@ -73,7 +70,6 @@ class Gateway:
                  worker: Worker | None = None, members: MembersFolder | None = None,
                  span_exporter: SpanExporter | None = None) -> None:
         self.settings, self.source, self.keys = settings, source, keys
-        self._members = members  # the engines `pdserve up` launched (and scales), or None
         self._span_exporter, self._tracing = span_exporter, tracing.OFF  # started with the lifespan
         self._worker = worker  # one of several processes on the port (gateway/workers.py), or None
         self.pool = Pool()
@@ -81,6 +77,8 @@ class Gateway:
         self.metrics = GatewayMetrics(self.pool, self.admission)
         self.readiness = readiness.Readiness()
         self.recent = RecentRequests()  # the live page's list, filled by the orchestrator
+        self.admin = AdminRoutes(settings, self.pool, keys, metrics=self.metrics, recent=self.recent,
+                                 worker=worker, members=members)
         # Each process's prefix index sees only its own requests: it keeps its share of each engine's cache.
         self.router = Router(settings.routing, gateway_processes=settings.gateway.workers if worker is not None else 1)
         self._orchestrator: Orchestrator | None = None
@@ -152,7 +150,7 @@ class Gateway:
         trace: tracing.RequestTrace = tracing.NO_TRACE
         try:
             call_id = request_id(headers.get(b"x-request-id"))
-            self.authorize(headers.get(b"authorization"), Access.CLIENT)
+            self.keys.require(headers.get(b"authorization"), Access.CLIENT)
             mode = parse_mode(headers.get(b"x-pd-mode"))
             trace = self._tracing.request(headers, request_id=call_id, path=path)
             call = Call(path=path, body=await self._read_request(path, headers, receive), mode=mode,
@@ -163,7 +161,7 @@ class Gateway:
                     reply = await self._run(call)
                     status = 200  # from here on, failures reach the client inside the stream
                     try:
-                        await _send_reply(send, reply, request_id=call_id, transport=connection.get("transport"))
+                        await send_reply(send, reply, request_id=call_id, transport=connection.get("transport"))
                     finally:
                         reply.close()
         except ClientDisconnected:
@@ -174,17 +172,10 @@ class Gateway:
                 raise  # the reply has started: the server logs it and cuts the connection
             error = client_error(exc, request_id=call_id)
             status = error.status
-            await _send_error(send, error, request_id=call_id)
+            await send_error(send, error, request_id=call_id)
         finally:
             self.metrics.requests.labels(path, "auto" if mode is None else mode.value, str(status)).inc()
             trace.finish(status)
-
-    def authorize(self, authorization: bytes | None, needed: Access) -> None:
-        """Raises BadRequest (401) unless ``authorization`` grants ``needed``; the key is never echoed."""
-        if self.keys.grant(authorization) < needed:
-            message = "Incorrect API key provided." if authorization else (
-                "You didn't provide an API key: send it as `Authorization: Bearer <key>`.")
-            raise BadRequest(message, status=401, code="invalid_api_key")
 
     async def _read_request(self, path: str, headers: dict[bytes, bytes], receive: Receive) -> dict[str, Any]:
         """The validated JSON body; raises BadRequest (400, 404 for an unknown model, 413)."""
@@ -202,78 +193,12 @@ class Gateway:
     async def models(self, request: Request) -> Response:
         """The served model as its engines list it (root, max_model_len, ...: gateway/model_card.py),
         once the gateway is ready (a client that polls this waits for warm-up too)."""
-        self.authorize(_authorization(request), Access.CLIENT)
+        self.keys.require(authorization(request), Access.CLIENT)
         if not self.readiness.report(self.pool)[0]:
             raise NotReady()
         assert self._model_cards is not None, "lifespan not started"
         card = await self._model_cards.card(self.pool)
         return Response(json.dumps({"object": "list", "data": [card]}), media_type=JSON)
-
-    async def health(self, request: Request) -> Response:
-        """200 while at least one engine of each role answers its health probe. Lists every engine
-        to the admin (to anyone when no key is configured): their addresses are internal."""
-        counts = {role.value: len(self.pool.healthy(role)) for role in Role}
-        is_ready = all(counts.values())
-        body: dict[str, Any] = {"status": "ok" if is_ready else "degraded", "healthy_engines": counts}
-        if self.keys.grant(_authorization(request)) >= Access.ADMIN:
-            rows, counted = await self._engine_rows()
-            in_flight = {(row.role, row.url): row.in_flight for row in rows}
-            if self._worker is not None:  # in_flight is exact for the workers counted: say how many
-                body["in_flight_counted"] = {"workers": counted, "of": self._worker.count}
-            body["engines"] = {role.value: [
-                {"url": endpoint.url, "is_healthy": endpoint.is_healthy,
-                 "in_flight": in_flight.get((role, endpoint.url), endpoint.in_flight),
-                 "kv_path": dataclasses.asdict(endpoint.kv_path)}
-                for endpoint in self.pool.all(role)] for role in Role}
-        return Response(json.dumps(body), status_code=200 if is_ready else 503, media_type=JSON)
-
-    async def engines(self, request: Request) -> Response:
-        """Every engine's health, load and legs, for the admin only (``pdserve status``)."""
-        self.authorize(_authorization(request), Access.ADMIN)
-        return Response(json.dumps(rows_json((await self._engine_rows())[0])), media_type=JSON)
-
-    async def _engine_rows(self) -> tuple[list[EngineRow], int]:
-        """One row per engine, with the legs of the whole gateway: each of gateway.workers counts
-        only its own, and their /metrics, asked now and summed, count all; and how many workers
-        answered (one that did not in 2 s is left out, gateway/workers.py)."""
-        rows = engine_rows(self.pool, now_s=time.monotonic(), max_age_s=self.settings.routing.load_max_age_s)
-        if self._worker is None:
-            return rows, 1
-        text = (await self._worker.gather_metrics(self.metrics.render())).decode()
-        return with_leg_counts(rows, text), workers_counted(text)
-
-    async def scale(self, request: Request) -> Response:
-        """GET: the engines `pdserve up` launched, with their states; POST ``{"prefill": N, "decode": M}``:
-        ask it for those pool sizes (202: added engines join once ready, removed ones drain first)."""
-        self.authorize(_authorization(request), Access.ADMIN)
-        members = self._members.read() if self._members is not None else None
-        if self._members is None or members is None:
-            raise BadRequest("this gateway's engines were not launched by `pdserve up`, so it cannot scale them "
-                             "(on Ray, Serve's autoscaler sizes the pools: ray.autoscaling)", status=409,
-                             code="scaling_unavailable")
-        if request.method == "GET":
-            return Response(json.dumps(members.to_json()), media_type=JSON)
-        body = parse_json_object(await read_body(request.receive, header_map(request.scope), limit=MAX_BODY_BYTES))
-        wanted = wanted_pools(body, current=members.wanted, settings=self.settings)
-        self._members.request_scale(wanted)
-        log.info("admin asked for %s", ", ".join(f"{role.value}={count}" for role, count in wanted.items()))
-        reply = {**members.to_json(), "wanted": {role.value: count for role, count in wanted.items()}}
-        return Response(json.dumps(reply), status_code=202, media_type=JSON)
-
-    async def dashboard_page(self, request: Request) -> Response:
-        """The live page (gateway/dashboard.py), for the admin only: it names engines."""
-        if dashboard.grant(self.keys, _authorization(request)) < Access.ADMIN:
-            return dashboard.ask_for_key()
-        return dashboard.page()
-
-    async def dashboard_state(self, request: Request) -> Response:
-        """What the live page polls: engines, recent requests, latency and KV counters."""
-        if dashboard.grant(self.keys, _authorization(request)) < Access.ADMIN:
-            return dashboard.ask_for_key()
-        rows = engine_rows(self.pool, now_s=time.monotonic(), max_age_s=self.settings.routing.load_max_age_s)
-        rows, families = await dashboard.with_metrics(rows, self.metrics, self._worker)
-        body = dashboard.state(rows, families, self.recent.latest(), worker=self._worker)
-        return Response(json.dumps(body), media_type=JSON, headers={"cache-control": "no-store"})
 
     async def live(self, _request: Request) -> Response:
         """Liveness: the gateway's event loop answers. Engines play no part: restarting the
@@ -305,7 +230,7 @@ class GatewayApp:
             try:
                 check_header_size(scope, limit=self._max_header_bytes)
             except BadRequest as exc:
-                await _send_error(send, client_error(exc, request_id=""), request_id="")
+                await send_error(send, client_error(exc, request_id=""), request_id="")
                 return
         if scope["type"] != "http" or scope["path"] not in SCHEMAS:
             await self._rest(scope, receive, send)
@@ -313,7 +238,7 @@ class GatewayApp:
             await self._gateway.complete(scope, receive, send)
         else:
             body = error_body("Method Not Allowed", type_="invalid_request_error", code="method_not_allowed")
-            await _send_whole(send, 405, body, extra_headers=((b"allow", b"POST"),))
+            await send_whole(send, 405, body, extra_headers=((b"allow", b"POST"),))
 
 
 def build_app(settings: Settings, source: EndpointSource | None = None, *, worker: Worker | None = None,
@@ -335,14 +260,14 @@ def build_app(settings: Settings, source: EndpointSource | None = None, *, worke
         load_access_keys(settings.gateway), worker=worker, members=members, span_exporter=span_exporter)
     routes = [
         Route("/v1/models", gateway.models, methods=["GET"]),
-        Route("/health", gateway.health, methods=["GET"]),
+        Route("/health", gateway.admin.health, methods=["GET"]),
         Route("/health/live", gateway.live, methods=["GET"]),
         Route("/health/ready", gateway.ready, methods=["GET"]),
         Route("/metrics", gateway.prometheus, methods=["GET"]),
-        Route("/admin/engines", gateway.engines, methods=["GET"]),
-        Route("/admin/scale", gateway.scale, methods=["GET", "POST"]),
-        Route(dashboard.PAGE_PATH, gateway.dashboard_page, methods=["GET"]),
-        Route(dashboard.STATE_PATH, gateway.dashboard_state, methods=["GET"]),
+        Route("/admin/engines", gateway.admin.engines, methods=["GET"]),
+        Route("/admin/scale", gateway.admin.scale, methods=["GET", "POST"]),
+        Route(dashboard.PAGE_PATH, gateway.admin.dashboard_page, methods=["GET"]),
+        Route(dashboard.STATE_PATH, gateway.admin.dashboard_state, methods=["GET"]),
     ]
     handlers = {HTTPException: _http_error, PdserveError: _pdserve_error, Exception: _pdserve_error}
     rest = Starlette(routes=routes, lifespan=gateway.lifespan, exception_handlers=handlers)
@@ -358,127 +283,4 @@ async def _http_error(_request: Request, exc: Exception) -> Response:
 
 async def _pdserve_error(_request: Request, exc: Exception) -> Response:
     error = client_error(exc, request_id="")
-    return Response(error.body(), status_code=error.status, media_type=JSON, headers=dict(_error_headers(error)))
-
-
-def _authorization(request: Request) -> bytes | None:
-    value = request.headers.get("authorization")
-    return None if value is None else value.encode("latin-1")
-
-
-def _error_headers(error: ClientError) -> list[tuple[str, str]]:
-    """What tells a client how to come back: the auth scheme after a 401, a wait after a 429 or 503."""
-    if error.status == 401:
-        return [("www-authenticate", "Bearer")]
-    if error.retry_after_s is not None:
-        return [("retry-after", str(error.retry_after_s))]
-    return []
-
-
-async def _send_error(send: Send, error: ClientError, *, request_id: str) -> None:
-    extra = [(name.encode(), value.encode()) for name, value in _error_headers(error)]
-    if request_id:
-        extra.append((b"x-request-id", request_id.encode()))
-    await _send_whole(send, error.status, error.body(), extra_headers=tuple(extra))
-
-
-class OfferedConnection(TypedDict, total=False):
-    """What gateway/server.py offers of each request's client connection, under TRANSPORT_EXTENSION."""
-
-    transport: asyncio.WriteTransport
-    lost: asyncio.Future[None]  # done once the connection is lost
-
-
-def offered(scope: Scope) -> OfferedConnection:
-    """What the server offers of the client's connection; empty where it offers nothing."""
-    return cast(OfferedConnection, scope.get("extensions", {}).get(TRANSPORT_EXTENSION, {}))
-
-
-async def _send_reply(send: Send, reply: Reply, *, request_id: str, transport: asyncio.WriteTransport | None) -> None:
-    """The decode engine's reply to the client: SSE bytes relayed as they come, or one JSON body.
-
-    Where the server offers its ``transport``, a chunk is written to it at once while nothing waits
-    in its buffer: the bytes uvicorn would write for it, from the engine socket's read, with no ASGI
-    message and no task woken (docs/benchmarks.md, section 1). With bytes queued (a slow client) it
-    goes through ``send``, which waits for the buffer to drain. A first chunk already in hand takes
-    the response head along in one packet (``ClientTransport.hold``).
-    """
-    extra = ((b"x-request-id", request_id.encode()),)
-    if reply.stream is None:
-        assert reply.json_body is not None
-        await _send_whole(send, 200, reply.json_body, extra_headers=extra)
-        return
-    message = {"type": "http.response.body", "body": b"", "more_body": True}  # one dict for every chunk
-    client = None if transport is None else ClientTransport(transport)
-    if client is not None and reply.first_chunk_ready:
-        client.hold()
-    try:
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), *extra]})
-        async for chunk in reply.stream(client):
-            if client is None or not client.write_now(chunk):
-                message["body"] = chunk
-                await send(message)
-            if client is not None:
-                client.release()  # a held head has gone out with the first chunk
-    finally:
-        if client is not None:
-            client.release()
-    await send({"type": "http.response.body", "body": b""})
-
-
-class ClientTransport:
-    """The client connection's transport as the relay writes to it: chunks of the chunked body at
-    once, unless bytes wait in its buffer (an empty chunk goes through ``send``: written here, it
-    would read as the body's end)."""
-
-    def __init__(self, transport: asyncio.WriteTransport) -> None:
-        self._transport = transport
-        self._buffered, self._is_closing, self._write = transport.get_write_buffer_size, transport.is_closing, transport.write
-        self._is_tls = transport.get_extra_info("sslcontext") is not None  # its socket carries ciphertext only
-        self._is_held = False
-
-    def hold(self) -> None:
-        """Keep what is written in the socket until ``release``, called once the first chunk is written
-        (TCP_CORK, Linux): the response head and the first token then reach the client as one packet,
-        one wake-up rather than two."""
-        if _TCP_CORK is not None and not self._is_closing():
-            self._is_held = self._cork(1)
-
-    def release(self) -> None:
-        """Send what ``hold`` kept (the kernel would, at the latest, after 200 ms)."""
-        if self._is_held and not self._is_closing():
-            self._cork(0)
-        self._is_held = False
-
-    def _cork(self, value: int) -> bool:
-        assert _TCP_CORK is not None
-        try:
-            self._transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, _TCP_CORK, value)
-        except OSError:  # a connection already reset: what is left of it does not matter
-            return False
-        return True
-
-    def write_now(self, chunk: bytes) -> bool:
-        if not chunk or self._buffered() or self._is_closing():
-            return False
-        self._write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-        return True
-
-    def write_framed(self, data: bytes) -> None:
-        if not self._is_closing():  # a client gone mid-write: nothing more reaches it
-            self._write(data)
-
-    @property
-    def idle_fd(self) -> int | None:
-        if self._buffered() or self._is_closing() or self._is_tls:
-            return None
-        return int(self._transport.get_extra_info("socket").fileno())
-
-
-async def _send_whole(
-    send: Send, status: int, body: bytes, *, extra_headers: tuple[tuple[bytes, bytes], ...] = ()
-) -> None:
-    headers = [(b"content-type", JSON.encode()), (b"content-length", b"%d" % len(body)), *extra_headers]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    return Response(error.body(), status_code=error.status, media_type=JSON, headers=dict(error_headers(error)))

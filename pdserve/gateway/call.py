@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pdserve.config import GatewaySpec
 from pdserve.gateway.tracing import NO_TRACE, RequestTrace
+from pdserve.gateway_config import GatewaySpec
 from pdserve.routing.decision import Mode
 
 
@@ -34,7 +34,7 @@ class Call:
 
 
 class ClientSocket(Protocol):
-    """The client's connection, where the server offers it (gateway/app.py's ClientTransport)."""
+    """The client's connection, where the server offers it (gateway/client_reply.py's ClientTransport)."""
 
     def write_now(self, chunk: bytes) -> bool:
         """Write one chunk of the stream at once, if nothing waits ahead of it in the client's buffer;

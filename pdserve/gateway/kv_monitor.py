@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from pdserve.config import GatewaySpec
 from pdserve.gateway.engine_state import SAMPLE_PREFIXES as STATE_SAMPLES
 from pdserve.gateway.engine_state import EngineState, parse_engine_state
 from pdserve.gateway.handoffs import Handoffs, HandoffTally
 from pdserve.gateway.metrics import EngineKVCollector
+from pdserve.gateway_config import GatewaySpec
 from pdserve.pd.transfer_stats import SAMPLE_PREFIXES as COUNTER_SAMPLES
 from pdserve.pd.transfer_stats import TransferCounters, fetch_metrics_text, parse_counters
 from pdserve.role import Role

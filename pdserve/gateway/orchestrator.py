@@ -24,18 +24,20 @@ from contextlib import ExitStack
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from pdserve.config import GatewaySpec
 from pdserve.errors import LegFailed, NoHealthyEndpoint
 from pdserve.gateway import whole_pull
 from pdserve.gateway.admission import Admission
 from pdserve.gateway.call import Call, Reply
+from pdserve.gateway.decode_leg import DecodeLeg
 from pdserve.gateway.handoffs import Handoffs
 from pdserve.gateway.metrics import GatewayMetrics
 from pdserve.gateway.recent import RecentRequests, never_answered
-from pdserve.gateway.relay import DecodeLeg, Relay
+from pdserve.gateway.relay import Relay
 from pdserve.gateway.tracing import LegTrace
+from pdserve.gateway_config import GatewaySpec
 from pdserve.pd import decode, first_delta, first_events, first_token, prefill, resume
-from pdserve.pd.engine_http import EngineClient, EngineReply
+from pdserve.pd.engine_http import EngineClient
+from pdserve.pd.engine_reply import EngineReply
 from pdserve.pd.first_token import FirstToken, Reason
 from pdserve.pd.kv import KVTransferParams
 from pdserve.pd.kv_proof import KvOutcome, RecomputeReason
@@ -64,7 +66,7 @@ class Orchestrator:
         """``max_model_len``: the engines' context length, once known (gateway/model_card.py).
         ``native``: the relay thread streams go to after their first token (pd/native_relay.py), if any.
         ``decode_forces_first_token``, ``engines_parse_chat``: what the engines can do with the prefill engine's
-        token (config.py's PoolSpec.forces_first_token, parses_chat; pd/first_token.py); ``tool_call_parser``:
+        token (engine_config.py's PoolSpec.forces_first_token, parses_chat; pd/first_token.py); ``tool_call_parser``:
         the one they run (pd/first_delta.py)."""
         self._decode_forces_first_token, self._engines_parse_chat = decode_forces_first_token, engines_parse_chat
         self._tool_call_parser = tool_call_parser

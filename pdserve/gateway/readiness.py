@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from pdserve.config import KVTransferSpec
+from pdserve.engine_config import KVTransferSpec
 from pdserve.errors import LegFailed, PdserveError
 from pdserve.gateway.call import Call
 from pdserve.gateway.client_errors import client_error

@@ -1,90 +1,48 @@
-"""Relay the decode engine's reply to the client; move it to another decode engine when that fails.
-
-After the first token a stream's chunks go from the engine's socket to the client's in the relay
-thread (pd/native_relay.py, ``Relay._hand_over``), or, without it, here (``Relay.push``, where the
-server can write at once, else ``Relay.stream``): one clock read, one histogram count, one append, one write.
-What happens when an engine fails mid-request is described in orchestrator.py and docs/reliability.md.
-"""
+"""Relay the decode engine's reply to the client chunk by chunk (or hand it to the relay thread, pd/native_relay.py),
+and move it to another decode engine when that one fails (orchestrator.py and docs/reliability.md say when)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping
-from contextlib import ExitStack
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
-from pdserve.config import GatewaySpec
 from pdserve.errors import LegFailed, PdserveError
 from pdserve.gateway.call import Call, ClientSocket
+from pdserve.gateway.decode_leg import (
+    ENGINE_ERROR_EVENT,
+    DecodeLeg,
+    EngineErrorEvent,
+    KvJudgedHook,
+    LegFailedHook,
+    Reopen,
+    close_opened,
+)
 from pdserve.gateway.handoffs import Handoffs
 from pdserve.gateway.metrics import GatewayMetrics, ModeMetrics
-from pdserve.gateway.recent import FinishedRequest, RecentRequests, status_of
-from pdserve.gateway.tracing import LegTrace
+from pdserve.gateway.recent import RecentRequests
+from pdserve.gateway.relay_record import RelayRecord
+from pdserve.gateway_config import GatewaySpec
 from pdserve.pd import kv_proof, legs, resume
-from pdserve.pd.engine_http import EngineReply, EngineUnreachable
+from pdserve.pd.engine_reply import EngineUnreachable
 from pdserve.pd.kv import KVTransferParams
 from pdserve.pd.kv_proof import KvOutcome, RecomputeReason
 from pdserve.pd.lead import USAGE_MARK, Lead, count_in_usage, drop_echoed
 from pdserve.pd.native_relay import Handback, NativeRelay, RelayCancelled, Ticket
-from pdserve.protocol import SSE_DONE, sse_error_event
+from pdserve.protocol import SSE_DONE
 from pdserve.role import Role
 from pdserve.routing.decision import Mode
 from pdserve.routing.pool import Endpoint
 
 log = logging.getLogger(__name__)
-# How vLLM's server ends a stream whose request failed in the engine (its engine core died, say).
-ENGINE_ERROR_EVENT = b'data: {"error"'
-
-
-class _EngineErrorEvent(Exception):
-    """The decode engine ended its stream with an error event of its own; ``before``: the events
-    ahead of it in the same chunk, which the client still gets."""
-
-    def __init__(self, before: bytes, event: bytes) -> None:
-        super().__init__(event[:300].lstrip(b": ").decode(errors="replace"))
-        self.before = before
-
-
-class LegFailedHook(Protocol):
-    """Counts, logs and feeds the circuit breaker one failed leg (Orchestrator.leg_failed)."""
-
-    def __call__(self, endpoint: Endpoint, request_id: str, exc: Exception, *, is_unreachable: bool) -> None: ...
-
-
-class Reopen(Protocol):
-    """Opens a body on a decode engine not tried yet, or on ``again`` (Orchestrator.run's reopen)."""
-
-    def __call__(self, body: dict[str, Any], again: Endpoint | None = None) -> Awaitable[DecodeLeg]: ...
-
-
-class KvJudgedHook(Protocol):
-    """Counts, logs and feeds the breaker one handoff's outcome (Orchestrator.kv_judged)."""
-
-    def __call__(self, kv: KVTransferParams, request_id: str, *, outcome: KvOutcome,
-                 reason: RecomputeReason | None, decode_url: str) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class DecodeLeg:
-    """A decode engine's open reply and the engine slot it holds (released by ``close``)."""
-
-    endpoint: Endpoint
-    response: EngineReply
-    stack: ExitStack
-    trace: LegTrace
-
-    def close(self) -> None:
-        self.response.close()  # an unfinished upstream sees the disconnect and aborts
-        self.stack.close()
-        self.trace.end()
-
-
 class Relay:
     """Relays the decode engine's reply to the client, moves it to another decode engine when
-    that engine fails, and records its timing."""
+    that engine fails, and records its timing. After the first token a stream's chunks go from the
+    engine's socket to the client's in the relay thread (``_hand_over``), or, without it, here (``push``,
+    where the server can write at once, else ``stream``): one clock read, one histogram count, one append,
+    one write."""
 
     def __init__(
         self, call: Call, leg: DecodeLeg | asyncio.Task[DecodeLeg], *, mode: Mode, prefill_done_s: float | None,
@@ -103,13 +61,12 @@ class Relay:
         # A lead the decode engine had as prompt, not output: its usage event counts it as prompt.
         self._rewrites_usage = lead is not None and not lead.is_forced
         self._echoed_left = 0  # the decode engine's events of a forced lead's token still to drop
-        self._spec, self._metrics, self._handoffs, self._recent = spec, metrics, handoffs, recent
+        self._spec, self._metrics = spec, metrics
         self._native = native
         self._prefill_done_s = prefill_done_s  # None once the stream moved: no KV handoff to time
-        self._kv, self._prefill_ms = kv, None if prefill_done_s is None else (prefill_done_s - call.arrived_s) * 1000
+        self._kv = kv
         self._mode: ModeMetrics = metrics.modes[mode.value]
         self._sent: list[bytes] = []  # the stream's bytes so far: read back only to resume it
-        self._chunks_in_thread = 0  # chunks the relay thread sent, beyond the one ``_sent`` entry each handback adds
         self._is_finished = False
         # Per-chunk state, shared by the pushed path and the awaited one.
         self._previous_s: float | None = None  # when the last chunk went out
@@ -117,10 +74,8 @@ class Relay:
         self._deadline_s = call.arrived_s + spec.request_timeout_s
         self._client: ClientSocket | None = None
         # For the live page's list (gateway/recent.py) and the log line, filled once per request, never per chunk.
-        self._mode_name = mode.value
-        self._ttft_s: float | None = None
-        self._handoff_s: float | None = None
-        self._error_code: str | None = None
+        self._record = RelayRecord(call, mode=mode, kv=kv, prefill_done_s=prefill_done_s, metrics=metrics,
+                                   handoffs=handoffs, recent=recent)
         # Whether the prompt crossed as KV, from the decode engine's usage (pd/kv_proof.py); None: no handoff.
         self._kv_outcome: KvOutcome | None = None if kv is None else (
             KvOutcome.RECOMPUTED if is_pull_lost else KvOutcome.UNKNOWN)
@@ -131,7 +86,7 @@ class Relay:
             while True:
                 try:
                     payload = await self._leg.response.read(idle_timeout_s=self._call.time_left_s(self._spec))
-                    self._ttft_s = time.perf_counter() - self._call.arrived_s
+                    self._record.ttft_s = time.perf_counter() - self._call.arrived_s
                     self._call.trace.first_token()
                     self._judge_kv(kv_proof.usage_of_reply(payload))
                     break
@@ -162,7 +117,7 @@ class Relay:
         try:
             if self._lead is not None:
                 self._previous_s = time.perf_counter()
-                self._first_token(self._previous_s)
+                self._record.first_token(self._previous_s)
                 self._echoed_left = self._lead.echoed_events
                 sent.append(self._lead.events)
                 yield self._lead.events
@@ -181,20 +136,20 @@ class Relay:
                         if self._echoed_left and not (chunk := self._drop_echoed(chunk)):
                             continue
                         if ENGINE_ERROR_EVENT in chunk:
-                            raise _EngineErrorEvent(*chunk.split(ENGINE_ERROR_EVENT, 1))
+                            raise EngineErrorEvent(*chunk.split(ENGINE_ERROR_EVENT, 1))
                         if self._watches_usage and USAGE_MARK in chunk:
                             self._judge_kv(kv_proof.usage_of_events(chunk))
                             if self._rewrites_usage:
                                 chunk = count_in_usage(chunk)
                         now_s = time.perf_counter()
                         if self._previous_s is None:
-                            self._first_token(now_s)
+                            self._record.first_token(now_s)
                         else:
                             observe_gap(now_s - self._previous_s)
                         if self._prefill_done_s is not None:
                             self._handoff_done(now_s)
                         if now_s > self._deadline_s:
-                            yield self._error_event("the request ran past its deadline", "request_timeout")
+                            yield self._record.error_event("the request ran past its deadline", "request_timeout")
                             return
                         self._previous_s = now_s
                         sent.append(chunk)
@@ -203,14 +158,14 @@ class Relay:
                 except (EngineUnreachable, TimeoutError) as exc:
                     if isinstance(exc, TimeoutError) and self._prefill_done_s is not None:
                         if not await self._pull_lost():
-                            yield self._error_event("the KV pull was lost and no decode engine took the request again",
-                                                    "decode_stream_failed")
+                            yield self._record.error_event(
+                                "the KV pull was lost and no decode engine took the request again", "decode_stream_failed")
                             return
                         self._drop_role = bool(sent) and self._call.path == resume.CHAT_PATH
                         continue
                     failure = legs.leg_failed(Role.DECODE, self._leg.endpoint.url, exc, status=200,
                                               timeout_s=self._spec.decode_idle_timeout_s)
-                except _EngineErrorEvent as exc:  # the request failed there, not in its input: go on elsewhere
+                except EngineErrorEvent as exc:  # the request failed there, not in its input: go on elsewhere
                     if exc.before:
                         sent.append(exc.before)
                         yield exc.before
@@ -267,7 +222,7 @@ class Relay:
             self._mode.itl.add(back.gap_counts, back.gap_sum_s)
             self._previous_s = back.previous_s
             self._sent.append(back.payload)
-            self._chunks_in_thread += back.reads - 1
+            self._record.chunks_in_thread += back.reads - 1
 
     @property
     def _watches_usage(self) -> bool:
@@ -313,7 +268,7 @@ class Relay:
             self._opening = None
             log.error("request_id=%s no decode engine took the request after its first token: %s",
                       self._call.request_id, exc)
-            return self._error_event("no decode engine took the request", "decode_stream_failed")
+            return self._record.error_event("no decode engine took the request", "decode_stream_failed")
         self._opening = None
         return None
 
@@ -328,7 +283,7 @@ class Relay:
             self._lead.continuation if self._lead is not None and len(self._sent) == 1 else None)
         if whole is not None:
             if not await self._switch(failure, whole):
-                return self._error_event("the decode engine failed", "decode_stream_failed")
+                return self._record.error_event("the decode engine failed", "decode_stream_failed")
             if self._lead is not None and self._sent:  # the new engine writes a forced lead's token again
                 self._echoed_left = self._lead.echoed_events
             return None
@@ -342,7 +297,7 @@ class Relay:
             log.warning("request_id=%s stream not resumed: %s", self._call.request_id, reason)
         elif await self._switch(failure, resume.continuation_body(self._call.body, sent, path=self._call.path)):
             return None
-        return self._error_event("the decode engine's stream broke", "decode_stream_failed")
+        return self._record.error_event("the decode engine's stream broke", "decode_stream_failed")
 
     def _first_timeout_s(self, timeout_s: float) -> float:
         """A stream's wait for the decode engine's first token: while a KV handoff is pending, at most
@@ -383,25 +338,12 @@ class Relay:
                     self._call.request_id, self._leg.endpoint.url, len(self._sent))
         return True
 
-    def _error_event(self, what: str, code: str) -> bytes:
-        self._error_code = code  # every error ending goes through here
-        return sse_error_event(f"{what} (request id {self._call.request_id})", code=code)
-
-    def _first_token(self, now_s: float) -> None:
-        self._call.trace.first_token()
-        self._ttft_s = now_s - self._call.arrived_s
-        self._mode.ttft.observe(self._ttft_s)
-
     def _handoff_done(self, now_s: float) -> None:
         """The decode engine's first token: the KV handoff is over."""
         assert self._prefill_done_s is not None and self._leg is not None
-        handoff_s = self._handoff_s = now_s - self._prefill_done_s
+        handoff_s = now_s - self._prefill_done_s
         self._prefill_done_s = None
-        self._metrics.kv_handoff.observe(handoff_s)
-        self._metrics.legs[Role.DECODE].observe(handoff_s)
-        # Slow or not is judged later against the engine's own transfer times (kv_monitor.py):
-        # a handoff also waits in a busy decode engine's queue, which is load, not the transport.
-        self._metrics.kv_handoff_queue.observe(self._handoffs.record(self._leg.endpoint.url, handoff_s))
+        self._record.handoff_done(handoff_s, decode_url=self._leg.endpoint.url)
 
     def finish(self) -> None:
         """Close the upstream reply and record the request; idempotent."""
@@ -412,41 +354,25 @@ class Relay:
         self._mode.e2e.observe(elapsed_s)
         if self._opening is not None:  # the stream ended before its decode leg was awaited
             self._opening.cancel()  # the opener gives the handoff back if no decode engine saw it
-            self._opening.add_done_callback(_close_opened)
+            self._opening.add_done_callback(close_opened)
         if self._leg is not None:
             self._leg.close()
         self._log_line(elapsed_s)
-        self._recent.add(self._finished(elapsed_s))
+        self._record.add_to_recent(elapsed_s, sent=self._sent, decode_url=self._decode_url, kv_outcome=self._kv_outcome)
 
     def _log_line(self, elapsed_s: float) -> None:
         """The request's one log line, written once its reply is done. A line per leg delayed the
         first token: the writer thread held the interpreter with the prefill leg's line just as
         the decode engine answered (docs/benchmarks.md, section 1)."""
-        ttft = "" if self._ttft_s is None else f" ttft_ms={self._ttft_s * 1000:.1f}"
+        record = self._record
+        ttft = "" if record.ttft_s is None else f" ttft_ms={record.ttft_s * 1000:.1f}"
         kv, prefill = self._kv, ""
         if kv is not None:
-            prefill = (f" prefill_endpoint={kv.prefill_url} prefill_ms={self._prefill_ms:.1f} "
+            prefill = (f" prefill_endpoint={kv.prefill_url} prefill_ms={record.prefill_ms:.1f} "
                        f"prompt_tokens={kv.prompt_tokens} kv_blocks={kv.block_count}")
         log.info("request_id=%s mode=%s endpoint=%s status=200 elapsed_ms=%.1f%s%s", self._call.request_id,
-                 self._mode_name, self._decode_url, elapsed_s * 1000, ttft, prefill)
+                 record.mode_name, self._decode_url, elapsed_s * 1000, ttft, prefill)
 
     @property
     def _decode_url(self) -> str | None:
         return None if self._leg is None else self._leg.endpoint.url
-
-    def _finished(self, elapsed_s: float) -> FinishedRequest:
-        sent, is_stream = self._sent, self._call.is_stream
-        status = status_of(is_stream=is_stream, error_code=self._error_code, has_first_token=self._ttft_s is not None,
-                           has_end_marker=bool(sent) and b"[DONE]" in b"".join(sent[-2:]))
-        return FinishedRequest(
-            request_id=self._call.request_id, mode=self._mode_name,
-            prefill_url=None if self._kv is None else self._kv.prefill_url,
-            decode_url=self._decode_url, ttft_s=self._ttft_s, handoff_s=self._handoff_s, e2e_s=elapsed_s,
-            chunks=len(sent) + self._chunks_in_thread, status=status,
-            kv=None if self._kv_outcome is None else self._kv_outcome.value, finished_unix_s=time.time())
-
-
-def _close_opened(opening: asyncio.Task[DecodeLeg]) -> None:
-    """Close a decode leg that opened after its stream ended (the cancel came too late)."""
-    if not opening.cancelled() and opening.exception() is None:
-        opening.result().close()

@@ -1,4 +1,4 @@
-"""What the gateway reads from a client before any engine sees the request: header size, request
+"""What the gateway reads from a client before any engine sees the request: header size, API key, request
 id, mode header and body, each bounded and checked; every refusal is a BadRequest with its status.
 """
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import uuid
 
+from starlette.requests import Request
 from starlette.types import Receive, Scope
 
 from pdserve.errors import BadRequest
@@ -20,6 +21,12 @@ _REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,256}")
 def header_map(scope: Scope) -> dict[bytes, bytes]:
     """The request's headers by lower-case name (ASGI servers already lower-case them)."""
     return dict(scope["headers"])
+
+
+def authorization(request: Request) -> bytes | None:
+    """A Starlette route's ``Authorization`` header, as the plain ASGI routes read it (bytes)."""
+    value = request.headers.get("authorization")
+    return None if value is None else value.encode("latin-1")
 
 
 def check_header_size(scope: Scope, *, limit: int) -> None:

@@ -22,11 +22,13 @@ from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from pdserve.access import load_access_keys
-from pdserve.config import NODE_HOST, Settings
+from pdserve.config import Settings
 from pdserve.engines.members import MembersFolder
 from pdserve.errors import ConfigError, EngineStartFailed
-from pdserve.gateway.app import TRANSPORT_EXTENSION, OfferedConnection, build_app
+from pdserve.gateway.app import build_app
+from pdserve.gateway.client_reply import TRANSPORT_EXTENSION, OfferedConnection
 from pdserve.gateway.workers import SharedHealth, Worker, reuseport_socket
+from pdserve.gateway_config import NODE_HOST
 from pdserve.logs import logging_off_the_loop
 
 
@@ -58,7 +60,7 @@ class TransportOffering(HttpToolsProtocol):
     """uvicorn's httptools protocol, also offering the app each request's client connection as the
     scope extension TRANSPORT_EXTENSION: its ``transport``, which the completion routes write relayed
     chunks to directly, and ``lost``, a future done once the connection is lost, which cancels their
-    work with no watcher task per request (gateway/app.py, gateway/disconnect.py). An app that
+    work with no watcher task per request (gateway/client_reply.py, gateway/disconnect.py). An app that
     ignores the extension sees plain uvicorn."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]

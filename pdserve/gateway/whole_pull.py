@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 
 from pdserve.errors import PdserveError
-from pdserve.gateway.relay import DecodeLeg
+from pdserve.gateway.decode_leg import DecodeLeg
 
 
 async def first_whole(handoff: asyncio.Task[DecodeLeg], *, pull_timeout_s: float, is_pull_pending: Callable[[], bool],

@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from pdserve.pd import legs
-from pdserve.pd.engine_http import EngineClient, EngineReply, EngineUnreachable
+from pdserve.pd.engine_http import EngineClient
+from pdserve.pd.engine_reply import EngineReply, EngineUnreachable
 from pdserve.pd.kv import KVTransferParams
 from pdserve.protocol import REQUEST_ID_HEADER
 from pdserve.role import Role

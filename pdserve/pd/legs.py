@@ -13,7 +13,8 @@ from typing import Any
 import pydantic_core
 
 from pdserve.errors import LegFailed, UpstreamRejected
-from pdserve.pd.engine_http import EngineClient, EngineReply, EngineUnreachable
+from pdserve.pd.engine_http import EngineClient
+from pdserve.pd.engine_reply import EngineReply, EngineUnreachable
 from pdserve.protocol import REQUEST_ID_HEADER
 from pdserve.role import Role
 

@@ -10,7 +10,8 @@ import pydantic_core
 
 from pdserve.errors import LegFailed
 from pdserve.pd import first_token, kv_proof, legs
-from pdserve.pd.engine_http import EngineClient, EngineUnreachable
+from pdserve.pd.engine_http import EngineClient
+from pdserve.pd.engine_reply import EngineUnreachable
 from pdserve.pd.kv import REMOTE_DECODE_REQUEST, KVTransferParams
 from pdserve.role import Role
 from pdserve_vllm import WHOLE_PROMPT_KEY

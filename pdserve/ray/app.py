@@ -12,8 +12,9 @@ from typing import Any
 from ray import serve
 from ray.serve import Application
 
-from pdserve.config import PoolSpec, Settings, parse_settings
+from pdserve.config import Settings, parse_settings
 from pdserve.deploy.serve import pool_size_options
+from pdserve.engine_config import PoolSpec
 from pdserve.ray.engine_replica import EngineReplica, stop_budget_s
 from pdserve.ray.gateway_replica import GatewayReplica, registration_ttl_s
 from pdserve.ray.names import GATEWAY_DEPLOYMENT, REGISTRY_DEPLOYMENT

@@ -27,7 +27,8 @@ from ray import serve
 from ray.exceptions import RayError
 from ray.serve.exceptions import RayServeException
 
-from pdserve.config import EngineSpec, Settings, parse_settings
+from pdserve.config import Settings, parse_settings
+from pdserve.engine_config import EngineSpec
 from pdserve.engines.command import build_engine_command, split_cpus
 from pdserve.engines.drain import read_load, wait_until_idle
 from pdserve.engines.host_checks import check_engine_host, gpu_memory_bytes, read_memlock_limit

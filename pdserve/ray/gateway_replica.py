@@ -16,9 +16,10 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 
 from pdserve.cluster_config import RaySpec
-from pdserve.config import NODE_HOST, parse_settings
+from pdserve.config import parse_settings
 from pdserve.gateway.app import build_app
 from pdserve.gateway.thread import GatewayThread
+from pdserve.gateway_config import NODE_HOST
 from pdserve.ray.registry_replica import MIRROR_INTERVAL_S
 from pdserve.role import Role
 from pdserve.routing.sources import RegisteredEndpoints

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from pdserve.config import GatewaySpec
+from pdserve.gateway_config import GatewaySpec
 from pdserve.routing.pool import Endpoint
 
 log = logging.getLogger(__name__)

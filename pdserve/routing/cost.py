@@ -4,7 +4,7 @@ Decode engine, in requests: its load (requests it holds, those waiting, how full
 is) less the prompt tokens it already has cached, at ``cached_tokens_per_request`` per request.
 Prefill engine, in tokens: the uncached prompt tokens queued on it plus this prompt's own.
 Among engines of equal cost, the prompt's home rank decides, the same in every gateway process.
-docs/routing.md explains the terms and the knobs (config.py, RoutingSpec).
+docs/routing.md explains the terms and the knobs (gateway_config.py, RoutingSpec).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pdserve.config import RoutingSpec
+from pdserve.gateway_config import RoutingSpec
 
 TIE_TOLERANCE = 1e-6  # costs closer than this are equal: the higher home rank wins
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from pdserve.config import RoutingSpec
+from pdserve.gateway_config import RoutingSpec
 from pdserve.routing.cost import EngineView
 
 

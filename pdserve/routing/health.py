@@ -7,7 +7,7 @@ import logging
 
 import aiohttp
 
-from pdserve.config import GatewaySpec
+from pdserve.gateway_config import GatewaySpec
 from pdserve.role import Role
 from pdserve.routing.pool import Endpoint, Pool
 

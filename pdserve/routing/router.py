@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from pdserve.config import RoutingSpec
+from pdserve.gateway_config import RoutingSpec
 from pdserve.role import Role
 from pdserve.routing.cost import EngineView, choose_decode, choose_prefill
 from pdserve.routing.decision import Decision, Mode, decide

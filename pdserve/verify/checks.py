@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from pdserve.config import PoolSpec
+from pdserve.engine_config import PoolSpec
 from pdserve.engines.kv_path import KvPath
 from pdserve.pd.transfer_stats import TransferCounters
 from pdserve.verify.probe import HandoffProbe

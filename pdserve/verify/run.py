@@ -131,7 +131,7 @@ async def _engines(session: aiohttp.ClientSession, settings: Settings, gateway: 
                 health = await reply.json()  # 503 (degraded) still lists the engines
         except aiohttp.ClientConnectorError as exc:
             raise unreachable(gateway, exc.strerror or type(exc).__name__) from exc
-        if "engines" not in health:  # listed to the admin only, once any key is set (gateway/app.py)
+        if "engines" not in health:  # listed to the admin only, once any key is set (gateway/admin_routes.py)
             raise GatewayUnavailable(admin_key_needed(f"{gateway.url}/health"))
         listed = health["engines"]
     engines: dict[Role, list[Engine]] = {}

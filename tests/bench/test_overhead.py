@@ -29,7 +29,8 @@ from pdserve.bench.services import BENCH_GATEWAY_ENV
 from pdserve.bench.stats import Percentiles, Summary, Window
 from pdserve.bench.upstream import Pace, serving_upstream
 from pdserve.bench.workload import Lengths, synthetic
-from pdserve.config import DEMO_MODEL_NAME, load_settings
+from pdserve.config import load_settings
+from pdserve.engine_config import DEMO_MODEL_NAME
 from pdserve.pd import native_relay
 
 

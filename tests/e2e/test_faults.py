@@ -21,7 +21,7 @@ import httpx
 import psutil
 import pytest
 
-from pdserve.config import DEMO_MODEL_NAME
+from pdserve.engine_config import DEMO_MODEL_NAME
 from pdserve.pd import decode, prefill
 from pdserve.pd.kv import KVTransferParams
 from tests.e2e.conftest import Stack, start_stack, stop_stack

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from pdserve.config import DEMO_MODEL_NAME
+from pdserve.engine_config import DEMO_MODEL_NAME
 from tests.e2e.conftest import Stack, first_tokens, start_stack, stop_stack, usage_as_compared
 
 LOCAL = {"X-PD-Mode": "local"}

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pdserve.config import DEMO_MODEL_NAME
+from pdserve.engine_config import DEMO_MODEL_NAME
 from pdserve.gateway.app import build_app
 from pdserve.gateway_address import GatewayTarget
 from pdserve.status import fetch_rows, format_rows

@@ -20,7 +20,8 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from pdserve.config import DEMO_MODEL_NAME, RoutingSpec
+from pdserve.engine_config import DEMO_MODEL_NAME
+from pdserve.gateway_config import RoutingSpec
 from pdserve.routing.prefix import home_rank
 from pdserve.routing.router import Router
 from tests.e2e.conftest import Stack, start_stack, stop_stack

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from pdserve.config import DEMO_MODEL_NAME
+from pdserve.engine_config import DEMO_MODEL_NAME
 from pdserve.pd import decode, prefill
 from pdserve.pd.kv import KVTransferParams
 from tests import netbed

@@ -28,7 +28,7 @@ import psutil
 import pytest
 import yaml
 
-from pdserve.config import DEMO_MODEL_NAME
+from pdserve.engine_config import DEMO_MODEL_NAME
 from tests.conftest import free_port
 from tests.e2e.ray_cluster import LocalCluster, Node, local_cluster
 

@@ -21,7 +21,7 @@ import openai
 import psutil
 import pytest
 
-from pdserve.config import DEMO_MODEL_NAME
+from pdserve.engine_config import DEMO_MODEL_NAME
 from pdserve.engines.cpu_affinity import parse_cpu_list
 from tests.e2e.conftest import Stack, usage_as_compared
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.config import KVTransferSpec, PoolSpec
+from pdserve.engine_config import KVTransferSpec, PoolSpec
 from pdserve.engines import host_checks
 from pdserve.engines.host_checks import (
     MEMLOCK_FIX,

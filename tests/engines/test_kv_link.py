@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.config import KVTransferSpec, PoolSpec
+from pdserve.engine_config import KVTransferSpec, PoolSpec
 from pdserve.engines.kv_link import (
     BufferChoice,
     HostLink,

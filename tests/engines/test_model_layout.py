@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from pdserve.config import EngineSpec, parse_settings
+from pdserve.config import parse_settings
 from pdserve.demo.shapes import CONFIGS, Shape
+from pdserve.engine_config import EngineSpec
 from pdserve.engines.command import build_engine_command
 from pdserve.engines.kv_link import HostLink
 from pdserve.engines.model_layout import (

@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from pdserve.config import EngineSpec, PoolSpec
+from pdserve.engine_config import EngineSpec, PoolSpec
 from pdserve.engines.command import EngineCommand
 from pdserve.engines.launcher import EngineProcess
 from pdserve.engines.start_failure import advice, describe_failure, plain_line, root_cause

@@ -12,7 +12,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from pdserve.config import EngineSpec, parse_settings
+from pdserve.config import parse_settings
+from pdserve.engine_config import EngineSpec
 from pdserve.engines.command import EngineCommand
 from pdserve.engines.launcher import EngineProcess
 from pdserve.engines.model_layout import Layout, ModelLayout

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from pdserve.config import GatewaySpec
 from pdserve.errors import Overloaded, OverloadReason
 from pdserve.gateway.admission import Admission
+from pdserve.gateway_config import GatewaySpec
 from pdserve.role import Role
 from pdserve.routing.pool import Endpoint, Pool
 

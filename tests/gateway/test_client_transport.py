@@ -1,4 +1,4 @@
-"""ClientTransport (gateway/app.py) on a real TCP connection: what ``hold`` keeps back, and when it goes."""
+"""ClientTransport (gateway/client_reply.py) on a real TCP connection: what ``hold`` keeps back, and when it goes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from pdserve.gateway.app import ClientTransport
+from pdserve.gateway.client_reply import ClientTransport
 
 pytestmark = pytest.mark.skipif(not hasattr(socket, "TCP_CORK"), reason="TCP_CORK is Linux's")
 

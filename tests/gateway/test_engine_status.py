@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 
 from pdserve.access import ADMIN_KEY_ENV, API_KEYS_ENV
-from pdserve.config import RoutingSpec
 from pdserve.gateway.app import build_app
+from pdserve.gateway_config import RoutingSpec
 from tests.conftest import free_port, serving
 from tests.fake_engine import FakeEngine
 from tests.gateway.test_app import MODEL, gateway_settings, post, until_ready

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from pdserve.gateway.app import ClientTransport
+from pdserve.gateway.client_reply import ClientTransport
 from pdserve.pd.decode import RELEASE_MODEL
 from pdserve_vllm import WHOLE_PROMPT_KEY
 from tests.fake_engine import FIRST_TOKEN_ID, KV_PARAMS, WORDS, FakeEngine

@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator, Sequence
 import aiohttp
 import pytest
 
-from pdserve.config import GatewaySpec
 from pdserve.gateway.app import build_app
 from pdserve.gateway.engine_state import EngineState, parse_engine_state
 from pdserve.gateway.handoffs import Handoffs, HandoffTally
 from pdserve.gateway.kv_monitor import READ_PREFIXES, KVMonitor, Reading, select_samples
 from pdserve.gateway.metrics import EngineKVCollector
+from pdserve.gateway_config import GatewaySpec
 from pdserve.pd.transfer_stats import TransferCounters, parse_counters
 from tests.conftest import free_port, serving
 from tests.fake_engine import FakeEngine

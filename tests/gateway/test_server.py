@@ -7,7 +7,7 @@ import asyncio
 import aiohttp
 from starlette.types import Receive, Scope, Send
 
-from pdserve.gateway.app import offered
+from pdserve.gateway.client_reply import offered
 from tests.conftest import free_port, serving
 
 

@@ -12,7 +12,7 @@ from typing import Any, cast
 import pytest
 
 from pdserve.errors import LegFailed
-from pdserve.gateway.relay import DecodeLeg
+from pdserve.gateway.decode_leg import DecodeLeg
 from pdserve.gateway.whole_pull import first_whole
 from pdserve.role import Role
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from pdserve.pd.engine_http import EngineClient, EngineUnreachable
+from pdserve.pd.engine_http import EngineClient
+from pdserve.pd.engine_reply import EngineUnreachable
 
 # One request on one connection: read it, answer it (or not); the return says whether to keep serving.
 Handler = Callable[[bytes, asyncio.StreamWriter, int], Awaitable[bool]]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pdserve.config import GatewaySpec
+from pdserve.gateway_config import GatewaySpec
 from pdserve.role import Role
 from pdserve.routing import breaker
 from pdserve.routing.pool import Endpoint, Pool

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdserve.config import RoutingSpec
+from pdserve.gateway_config import RoutingSpec
 from pdserve.routing.cost import EngineView, cheapest, choose_decode, choose_prefill, decode_cost, prefill_cost
 
 SPEC = RoutingSpec()

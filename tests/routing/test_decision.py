@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pdserve.config import RoutingSpec
+from pdserve.gateway_config import RoutingSpec
 from pdserve.routing.cost import EngineView
 from pdserve.routing.decision import Decision, Mode, Reason, decide
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pdserve.config import RoutingSpec
+from pdserve.gateway_config import RoutingSpec
 from pdserve.role import Role
 from pdserve.routing.decision import Mode, Reason
 from pdserve.routing.load import EngineLoad

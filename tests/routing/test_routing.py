@@ -5,7 +5,7 @@ import time
 
 import aiohttp
 
-from pdserve.config import GatewaySpec
+from pdserve.gateway_config import GatewaySpec
 from pdserve.role import Role
 from pdserve.routing import health
 from pdserve.routing.health import record
