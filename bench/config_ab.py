@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+
+from pdserve.bench.machine import cpu_model
 
 T = TypeVar("T")
 ENGINE_READY = re.compile(r"\s*(\S+)\s+ready\s+(\d+)s")  # `bench compare`'s line as each engine answers
@@ -45,7 +46,7 @@ def run_once(name: str, tree: dict[str, Any], *, rate: str, duration: float, out
 
 def machine_line() -> str:
     """What a run's figures rest on, printed first: the CPU, its cores and the load average."""
-    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+    return (f"{cpu_model()}, {os.cpu_count()} cores, "
             f"load average {os.getloadavg()[0]:.1f} at the start")
 
 

@@ -23,6 +23,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pdserve.bench.machine import machine_state
 from pdserve.engine_config import DEMO_MODEL_NAME
 from tests import netbed
 from tests.netbed_pd import Deployment, deployed, recent
@@ -92,9 +93,11 @@ def main() -> int:
         print(f"no network bed here: {reason}", file=sys.stderr)
         return 2
     args.output.mkdir(parents=True, exist_ok=True)
+    started = machine_state()
     with deployed(args.output, tag="bench") as deployment:
         results = [measure(deployment, int(rate), requests=args.requests) for rate in args.rates.split(",")]
-    (args.output / "raw.json").write_text(json.dumps(results, indent=2))
+    raw = {"machine": {"start": started, "end": machine_state()}, "command": sys.argv, "links": results}
+    (args.output / "raw.json").write_text(json.dumps(raw, indent=2))
     print(table(results))
     return 0
 

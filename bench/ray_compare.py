@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))  # tests.e2e.ray_cluster: the local multi-node clu
 
 from pdserve.bench import runner
 from pdserve.bench.compare import warm_up_targets
+from pdserve.bench.machine import machine_state
 from pdserve.bench.points import Point
 from pdserve.bench.prompts import PromptMaker, prompt_maker
 from pdserve.bench.stats import Slo
@@ -407,13 +408,6 @@ def describe(point: Point) -> str:
         f"TTFT p50 {ttft.p50:.1f} ms, ITL p99 {itl.p99:.1f} ms")
     return (f"{point.target} @ {point.load:g} streams: {figures}, {summary.requests} requests, "
             f"{summary.errors} errors, {summary.output_tokens_per_s:.0f} tok/s")
-
-
-def machine_state() -> dict[str, Any]:
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor())
-    return {"cpu_model": model, "cpus": os.cpu_count(), "load_average": os.getloadavg(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 
 
 def software() -> dict[str, str]:
