@@ -12,7 +12,8 @@
 # reference: Ray's fractional-GPU setup (bench/gpu/reference_start.py: bundles of {GPU: 0.45}); its time to
 #   ready runs from `serve deploy` to RUNNING. pdserve: `pdserve up` (MPS, as it starts itself when two engines
 #   share a GPU) with the same engine flags; its time to ready is its own "ready in". With RUNS, pdserve also
-#   runs RUNS rounds of the decode engine alone (direct) against PD at DIRECT_RATE, for PD's TTFT cost, with
+#   runs RUNS rounds of the decode engine alone (direct) against PD at DIRECT_RATE (DIRECT_WORKLOAD: 3072-token
+#   completions, or chat: the chat sweep's shared-prefix conversations), for PD's TTFT cost, with
 #   the gateway's and engines' counters around each (ttft-N/metrics-*.txt, for bench/gpu/ttft_split.py).
 # CASE=reference runs the reference's own case instead: Qwen3.5-9B shape, max_model_len 4096, enforce_eager, 3 GiB of
 # KV cache and an L4's share of the GPU per engine (bench/gpu/l4_share.sh), inter-token SLO 100 ms; REF_BATCHING_MS
@@ -23,7 +24,7 @@
 # NIXL histograms, bench/gpu/kv_rate.py, ready.txt, logs); needs the vLLM stage in /tmp/site (../shared/gpu/README.md).
 set -u
 SYSTEM=${SYSTEM:?reference or pdserve} RATE=${RATE-2,4,6,8} CHAT_RATE=${CHAT_RATE:-} LOAD_S=${LOAD_S:-20}
-REPEAT=${REPEAT:-1} RUNS=${RUNS:-0} DIRECT_RATE=${DIRECT_RATE:-2} DIRECT_S=${DIRECT_S:-30} DEADLINE_S=${DEADLINE_S:-570}
+DIRECT_WORKLOAD=${DIRECT_WORKLOAD:-completions} REPEAT=${REPEAT:-1} RUNS=${RUNS:-0} DIRECT_RATE=${DIRECT_RATE:-2} DIRECT_S=${DIRECT_S:-30} DEADLINE_S=${DEADLINE_S:-570}
 SHAPE=qwen3-8b MODEL_DIR=/tmp/q8b ITL_SLO_MS=50 REF_ARGS="" TURNS=4
 if [ "${CASE:-}" = reference ]; then
   SHAPE=qwen3.5-9b MODEL_DIR=/tmp/qwen3.5-9b ITL_SLO_MS=100 EAGER=1 MAX_LEN=4096 KV_BYTES=3221225472 MEM=l4 TURNS=3
@@ -31,6 +32,8 @@ if [ "${CASE:-}" = reference ]; then
   REF_ARGS="--max-model-len 4096 --eager --kv-bytes 3221225472 --gpu-memory-utilization $L4_SHARE --gdn-prefill-backend triton --language-model-only --conv-state-layout DS"
 fi
 [ -n "${REF_BATCHING_MS:-}" ] && REF_ARGS="$REF_ARGS --batching-interval-ms $REF_BATCHING_MS"
+CHAT_LOAD="--workload chat --prefix-tokens 2048 --input-tokens 256 --turns $TURNS" DIRECT_LOAD="--input-tokens 3072"
+[ "$DIRECT_WORKLOAD" = chat ] && DIRECT_LOAD=$CHAT_LOAD
 D=/tmp/side-by-side-$SYSTEM; rm -rf $D; mkdir -p $D
 trap 'tar czf $OUT/side-by-side-$SYSTEM.tgz -C /tmp side-by-side-$SYSTEM' EXIT
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -52,8 +55,8 @@ sweeps() {  # NAME URL: REPEAT rounds of the chat sweep (the reference's request
   local round suffix
   for round in $(seq $REPEAT); do
     suffix=""; [ "$REPEAT" -gt 1 ] && suffix="-$round"
-    [ -z "$CHAT_RATE" ] || bench "$(levels_s "$CHAT_RATE")" "$1" "$2" chat$suffix --workload chat --prefix-tokens 2048 \
-      --input-tokens 256 --turns $TURNS --rate "$CHAT_RATE" --seed $((round - 1))
+    [ -z "$CHAT_RATE" ] || bench "$(levels_s "$CHAT_RATE")" "$1" "$2" chat$suffix $CHAT_LOAD --rate "$CHAT_RATE" \
+      --seed $((round - 1))
     [ -z "$RATE" ] || bench "$(levels_s "$RATE")" "$1" "$2" bench$suffix --input-tokens 3072 --rate "$RATE" --seed $((round - 1))
   done
 }
@@ -91,7 +94,7 @@ pdserve)
     GATEWAY=http://127.0.0.1:$PORT PREFILL=http://127.0.0.1:$((PORT + 100)) DECODE=http://127.0.0.1:$((PORT + 200))
     for run in $(seq $RUNS); do  # direct, then PD, the same arrivals; the counters around both
       metrics_around $D/ttft-$run $GATEWAY $PREFILL $DECODE -- \
-        bench $((2 * (DIRECT_S + 10))) direct $DECODE ttft-$run/bench -t pd=$GATEWAY --input-tokens 3072 \
+        bench $((2 * (DIRECT_S + 10))) direct $DECODE ttft-$run/bench -t pd=$GATEWAY $DIRECT_LOAD \
         --rate "$DIRECT_RATE" --duration $DIRECT_S --seed $run
       grep -E "^\| pd " $D/ttft-$run/bench/results.md | sed "s/^/[run $run] /"
     done
