@@ -104,5 +104,6 @@ class AdminRoutes:
             return dashboard.ask_for_key()
         rows = engine_rows(self.pool, now_s=time.monotonic(), max_age_s=self.settings.routing.load_max_age_s)
         rows, families = await dashboard.with_metrics(rows, self.metrics, self._worker)
-        body = dashboard.state(rows, families, self.recent.latest(), worker=self._worker)
+        body = dashboard.state(rows, families, self.recent.latest(), worker=self._worker,
+                              kv_bar_gbps=self.settings.gateway.slow_kv_gbps)
         return Response(json.dumps(body), media_type=JSON, headers={"cache-control": "no-store"})

@@ -87,9 +87,10 @@ async def with_metrics(rows: Sequence[EngineRow], metrics: GatewayMetrics,
 
 
 def state(rows: Sequence[EngineRow], families: Sequence[Metric], recent: Sequence[FinishedRequest], *,
-          worker: Worker | None) -> dict[str, Any]:
+          worker: Worker | None, kv_bar_gbps: float) -> dict[str, Any]:
     """What the page draws, as JSON-ready data. Counters are cumulative (the page takes the
-    differences between polls); times are seconds. Pure but for reading the clock."""
+    differences between polls); times are seconds; ``kv_bar_gbps`` is the KV rate under which the
+    gateway warns (gateway.slow_kv_gbps), drawn across the KV chart. Pure but for reading the clock."""
     samples = list(samples_of(families))
     kv = _kv_by_endpoint(samples)
     return {
@@ -104,6 +105,7 @@ def state(rows: Sequence[EngineRow], families: Sequence[Metric], recent: Sequenc
         "ttft": histogram(samples, _TTFT),
         "itl": histogram(samples, _ITL),
         "kv": {field: sum(engine.get(field, 0.0) for engine in kv.values()) for field in _KV_FIELDS.values()},
+        "kv_bar_gbps": kv_bar_gbps,
     }
 
 

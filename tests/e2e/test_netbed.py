@@ -81,18 +81,23 @@ def test_verify_across_hosts_names_the_interface_and_fails_a_1_gbit_link(deploym
     code, unlimited, stderr = verify()
     assert unlimited, stderr
     assert unlimited[0]["interface"].startswith(f"{netbed.HOST_INTERFACE}, ")  # not loopback's
+    before = live_kv(deployment)
     deployment.bed.rate_limit("prefill", rate_mbit=1000)
     try:
         code, limited, stderr = verify()
     finally:
         deployment.bed.clear_limits("prefill")
+    after = live_kv(deployment)  # the live page's reading: the bytes over the seconds between two reads
+    moved_bytes = after["kv"]["kv_bytes"] - before["kv"]["kv_bytes"]
+    live_gbps = moved_bytes / (after["kv"]["kv_seconds"] - before["kv"]["kv_seconds"]) / 1e9
+    assert live_gbps < after["kv_bar_gbps"], (live_gbps, after["kv_bar_gbps"])  # the page draws it under the bar
     (report,) = limited
     assert code == 1 and not report["ok"], report
     problems = " ".join(report["verdict"]["problems"])
     assert f"through {netbed.HOST_INTERFACE}" in problems and "check the link between the engines" in problems
     assert report["verdict"]["measured_gbps"] < 0.125  # 1 Gbit/s
     print(f"\nKV GB/s through veth: unlimited {unlimited[0]['verdict']['measured_gbps']:.3f}, "
-          f"1 Gbit/s {report['verdict']['measured_gbps']:.3f}")
+          f"1 Gbit/s {report['verdict']['measured_gbps']:.3f}, on the live page {live_gbps:.3f}")
 
 
 def test_a_partition_between_prefill_and_decode_recomputes_counts_and_ejects_until_mended(
@@ -219,6 +224,22 @@ def test_a_prefill_engine_restarted_at_its_address_is_a_new_nixl_engine_and_pull
     local = complete(deployment, mode="local", request_id="bed-restarted-local")
     assert pd["choices"][0]["token_ids"] == local["choices"][0]["token_ids"]
     assert recent(deployment, "bed-restarted-pd")["prefill_url"] == deployment.url("prefill")
+
+
+def live_kv(deployment: Deployment) -> dict[str, Any]:
+    """The live page's state once the gateway has read every KV transfer the decode engine counts."""
+    def engine_transfers() -> float:
+        text = httpx.get(deployment.url("decode") + "/metrics", timeout=30).text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("vllm:nixl_xfer_time_seconds_count"))
+
+    def state() -> dict[str, Any]:
+        reply = httpx.get(deployment.gateway_url + "/dashboard/state", timeout=30)
+        reply.raise_for_status()
+        return dict(reply.json())
+
+    until(lambda: state()["kv"]["kv_transfers"] == engine_transfers(), what="the gateway to read the KV counters")
+    return state()
 
 
 def long_body(*, stream: bool) -> dict[str, Any]:
