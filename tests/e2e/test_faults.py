@@ -165,7 +165,7 @@ class Fault:
 
 
 def streams_through_a_fault(stack: Stack, *, kill: bool, count: int = 4,
-                            batches: int = 3) -> tuple[list[StreamResult], Fault]:
+                            batches: int = 6) -> tuple[list[StreamResult], Fault]:
     """``count`` long streams at once; once the decode engines have sent each its first token, the
     one holding most is stopped (SIGSTOP) and, with ``kill``, killed (SIGKILL); else it runs again
     once every stream is done. A batch that ends before that (a starved engine's API server can send
