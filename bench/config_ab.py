@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from pdserve.bench.machine import cpu_model
+from pdserve.bench.machine import machine_state
 
 T = TypeVar("T")
 ENGINE_READY = re.compile(r"\s*(\S+)\s+ready\s+(\d+)s")  # `bench compare`'s line as each engine answers
@@ -46,8 +46,8 @@ def run_once(name: str, tree: dict[str, Any], *, rate: str, duration: float, out
 
 def machine_line() -> str:
     """What a run's figures rest on, printed first: the CPU, its cores and the load average."""
-    return (f"{cpu_model()}, {os.cpu_count()} cores, "
-            f"load average {os.getloadavg()[0]:.1f} at the start")
+    state = machine_state()
+    return f"{state['cpu_model']}, {state['cpus']} cores, load average {state['load_average'][0]:.1f} at the start"
 
 
 def run_rounds(arms: dict[str, T], *, rounds: int, temp_prefix: str, run: Callable[[str, T, Path, int], dict[str, Any]],
