@@ -20,8 +20,9 @@
 # sets the reference's stream_batching_interval_ms (its docs' own knob; unset: Ray's 50 ms), REF_MPS=1 runs the reference's
 # engines under CUDA MPS as pdserve runs its own (a daemon started before Ray, its default pipe directory), KV_BUFFER pdserve's. Both
 # serve the text model only (the dummy folder has no image processor) and chat has 3 turns (a 4th passes 4096 tokens).
-# Everything lands in $OUT/side-by-side-$SYSTEM.tgz (bench/, the KV transfer rate from the decode engine's own
-# NIXL histograms, bench/gpu/kv_rate.py, ready.txt, logs); needs the vLLM stage in /tmp/site (../shared/gpu/README.md).
+# Everything lands in $OUT/side-by-side-$SYSTEM.tgz (bench/, machine.txt: the card, CPU and load at the start and end,
+# the KV transfer rate from the decode engine's own NIXL histograms, bench/gpu/kv_rate.py, ready.txt, logs); needs the
+# vLLM stage in /tmp/site (../shared/gpu/README.md).
 set -u
 SYSTEM=${SYSTEM:?reference or pdserve} RATE=${RATE-2,4,6,8} CHAT_RATE=${CHAT_RATE:-} LOAD_S=${LOAD_S:-20}
 DIRECT_WORKLOAD=${DIRECT_WORKLOAD:-completions} REPEAT=${REPEAT:-1} RUNS=${RUNS:-0} DIRECT_RATE=${DIRECT_RATE:-2} DIRECT_S=${DIRECT_S:-30} DEADLINE_S=${DEADLINE_S:-570}
@@ -35,7 +36,10 @@ fi
 CHAT_LOAD="--workload chat --prefix-tokens 2048 --input-tokens 256 --turns $TURNS" DIRECT_LOAD="--input-tokens 3072"
 [ "$DIRECT_WORKLOAD" = chat ] && DIRECT_LOAD=$CHAT_LOAD
 D=/tmp/side-by-side-$SYSTEM; rm -rf $D; mkdir -p $D
-trap 'tar czf $OUT/side-by-side-$SYSTEM.tgz -C /tmp side-by-side-$SYSTEM' EXIT
+machine() { { date -u; uptime; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  lscpu | grep "Model name"; } >> $D/machine.txt 2>&1; }  # the card, the CPU and the load, at the start and the end
+machine
+trap 'uptime >> $D/machine.txt; tar czf $OUT/side-by-side-$SYSTEM.tgz -C /tmp side-by-side-$SYSTEM' EXIT
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 say() { echo "[$SYSTEM $(date +%T)] $*"; }
 # bench NEED_S NAME URL FOLDER FLAGS...: `pdserve bench run` of one target, if NEED_S seconds are left before
