@@ -10,8 +10,10 @@ held (``finalize_generation``), and a whole reply's unclosed ``<tool_call>`` is 
 holds it. So the message names the delta only where both readings must agree, and otherwise this says so
 (the decode engine's first token then comes first): the token's text in one field, with no ``<`` that could
 start a tag; nothing (a tag the parser took); or the tool parser's own start tag, which the stream holds
-until the call's name follows. tests/pd/test_first_delta.py checks that against vLLM's parsers for every
-token of a tokenizer with Qwen3's tags.
+until the call's name follows; and, with a tool parser, not a first token of whitespace alone: vLLM 0.32's
+stream writes it as content, 0.26's holds it. tests/pd/test_first_delta.py checks that against vLLM's parsers
+for every token of a tokenizer with Qwen3's tags (0.32 installed; 0.26's package first on PYTHONPATH runs the
+same test against 0.26's parsers).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ def parsed_delta(body: dict[str, Any], first: FirstToken, *, tool_call_parser: s
     if len(texts) > 1 and "content" in texts:
         return Reason.PARSER_UNSURE
     field, text = next(iter(texts.items()))
+    if tool_call_parser and not text.strip():
+        return Reason.PARSER_UNSURE  # vLLM 0.26's hermes stream writes nothing for it, 0.32's writes it
     if "<" not in text:
         return replace(first, delta=texts)
     if field == "content" and text == _held_start(body, tool_call_parser):
