@@ -11,7 +11,12 @@ tree runs under py-spy (all the gateway's processes, raw collapsed stacks in DIR
 
 --chat sends streamed chat (a shared 2048-token system prompt, turns of 256 tokens) instead of completions;
 --b-env NAME=value sets B's gateway only (PDSERVE_DECODE__FIRST_TOKEN_PROCESSOR=true: these synthetic engines
-write a forced first token as pdserve's logits processor makes a vLLM engine do).
+write a forced first token as pdserve's logits processor makes a vLLM engine do; with
+PDSERVE_DECODE__EXTRA_ARGS='[--reasoning-parser, qwen3, --tool-call-parser, hermes, --enable-auto-tool-choice]'
+B's gateway also reads the chat prefill reply's message as the engines' parsers would, pd/first_delta.py).
+Each window prints the gateway's CPU per chunk and per request (the requests sent in its steady part) and, after
+it, the gateway's pdserve_first_tokens_total (which engine's first token each chat got, and why); the machine
+(CPU model, cores, load averages) is printed at the start and at the end, and the summary gives B/A.
 With --b-workers, B's gateway runs that many processes: --a and --b the same tree compare worker counts.
 --disaggregation sets both gateways' routing.disaggregation (else PDSERVE_ROUTING__DISAGGREGATION, else
 auto): auto serves these 64-token prompts in one leg, as `pdserve serve` decides; always through both legs.
@@ -32,10 +37,12 @@ import sys
 import time
 from pathlib import Path
 
+import aiohttp
 import psutil
 
 from pdserve.bench.cpu import cpu_seconds, with_descendants
 from pdserve.bench.load_processes import LoadProcesses
+from pdserve.bench.machine import machine_state
 from pdserve.bench.overhead import chunks_in
 from pdserve.bench.prompts import WordPrompts
 from pdserve.bench.runner import Target
@@ -55,7 +62,9 @@ async def main(args: argparse.Namespace) -> None:
         requests = synthetic(64, model="pdserve-demo", input_tokens=Lengths(64, 64), output_tokens=output,
                              prompts=WordPrompts(), seed=0)
     per_chunk_us: dict[str, list[float]] = {"A": [], "B": []}
+    per_request_us: dict[str, list[float]] = {"A": [], "B": []}
     ttft_p50_ms: dict[str, list[float]] = {"A": [], "B": []}
+    print(_machine_line("start"), flush=True)
     async with contextlib.AsyncExitStack() as stack:
         upstreams = await stack.enter_async_context(synthetic_engines(
             args.upstreams, log_dir=args.logs, flags=["--handoff-ms", str(args.handoff_ms)]))
@@ -63,20 +72,32 @@ async def main(args: argparse.Namespace) -> None:
         load = await stack.enter_async_context(LoadProcesses(args.load_processes, requests))
         for round_index in range(args.rounds):
             for name in ("A", "B") if round_index % 2 == 0 else ("B", "A"):
-                chunk_us, ttft_ms = await _window(args, name, load, upstream_urls, profile=False)
+                chunk_us, request_us, ttft_ms = await _window(args, name, load, upstream_urls, profile=False)
                 per_chunk_us[name].append(chunk_us)
+                per_request_us[name].append(request_us)
                 ttft_p50_ms[name].append(ttft_ms)
         if args.profile is not None:
             for name in ("A", "B"):
                 await _window(args, name, load, upstream_urls, profile=True)
+    print(_machine_line("end"), flush=True)
     for name, values in per_chunk_us.items():
         print(f"{name} ({getattr(args, name.lower())}): median {statistics.median(values):.1f} us per chunk, "
+              f"{statistics.median(per_request_us[name]):.0f} us per request, "
               f"TTFT p50 {statistics.median(ttft_p50_ms[name]):.2f} ms "
               f"over {len(values)} windows", flush=True)
+    chunk_ratio = statistics.median(per_chunk_us["B"]) / statistics.median(per_chunk_us["A"])
+    request_ratio = statistics.median(per_request_us["B"]) / statistics.median(per_request_us["A"])
+    print(f"B/A: {chunk_ratio:.3f} per chunk, {request_ratio:.3f} per request (medians)", flush=True)
+
+
+def _machine_line(when: str) -> str:
+    state = machine_state()
+    loads = ", ".join(f"{load:.2f}" for load in state["load_average"])
+    return f"machine at the {when}: {state['cpu_model']}, {state['cpus']} cores, load average {loads}, {state['date']}"
 
 
 async def _window(args: argparse.Namespace, name: str, load: LoadProcesses, upstream_urls: list[str], *,
-                  profile: bool) -> tuple[float, float]:
+                  profile: bool) -> tuple[float, float, float]:
     tree: Path = getattr(args, name.lower())
     port = free_port()
     # -P: not this working directory's pdserve, the one PYTHONPATH names
@@ -87,12 +108,24 @@ async def _window(args: argparse.Namespace, name: str, load: LoadProcesses, upst
     async with child_service(argv, ready_url=f"http://127.0.0.1:{port}/health",
                              log_path=args.logs / f"gateway-{name}.log") as gateway:
         await asyncio.sleep(1.0)  # every worker up
-        return await _measure(args, name, load, port, with_descendants(psutil.Process(gateway.pid)), profile=profile)
+        measured = await _measure(args, name, load, port, with_descendants(psutil.Process(gateway.pid)),
+                                  profile=profile)
+        print(f"  {name} first tokens: {await _first_tokens(port)}", flush=True)
+        return measured
+
+
+async def _first_tokens(port: int) -> str:
+    """The gateway's pdserve_first_tokens_total series (one worker's, with several), read after the window."""
+    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as reply:
+        text = await reply.text()
+    series = [line.removeprefix("pdserve_first_tokens_total") for line in text.splitlines()
+              if line.startswith("pdserve_first_tokens_total{")]
+    return "; ".join(series) or "none counted"
 
 
 async def _measure(args: argparse.Namespace, name: str, load: LoadProcesses, port: int,
-                   processes: list[psutil.Process], *, profile: bool) -> tuple[float, float]:
-    """The gateway's CPU per chunk (µs) and TTFT p50 (ms) over one steady window."""
+                   processes: list[psutil.Process], *, profile: bool) -> tuple[float, float, float]:
+    """The gateway's CPU per chunk and per request sent in it (µs) and TTFT p50 (ms) over one steady window."""
     start_s = time.perf_counter() + 0.05
     ramp_s = 0.02 + (args.output_tokens - 1) / 100  # one stream's lifetime: the synthetic engine's 20 ms TTFT, 100 tokens/s
     steady = Window(start_s + ramp_s, start_s + ramp_s + args.steady_s)
@@ -115,11 +148,13 @@ async def _measure(args: argparse.Namespace, name: str, load: LoadProcesses, por
     summary = summarize(records, slo=_NO_SLO, windows=[steady])
     ttft, itl = summary.ttft_ms, summary.itl_ms
     per_chunk_us = used_s / chunks * 1e6
+    per_request_us = used_s / summary.requests * 1e6 if summary.requests else 0.0
     print(f"{name} {args.streams} streams, {_workers(args, name)} worker(s){' under py-spy' if profile else ''}: "
-          f"{per_chunk_us:.1f} us per chunk, {used_s / args.steady_s:.2f} cores, {chunks / args.steady_s:.0f} chunks/s; "
+          f"{per_chunk_us:.1f} us per chunk, {per_request_us:.0f} us per request ({summary.requests} sent), "
+          f"{used_s / args.steady_s:.2f} cores, {chunks / args.steady_s:.0f} chunks/s; "
           f"TTFT p50 {ttft.p50 if ttft else 0:.2f} ms, ITL p99 {itl.p99 if itl else 0:.2f} ms, {summary.errors} errors",
           flush=True)
-    return per_chunk_us, ttft.p50 if ttft else 0.0
+    return per_chunk_us, per_request_us, ttft.p50 if ttft else 0.0
 
 
 def _workers(args: argparse.Namespace, name: str) -> int:

@@ -250,6 +250,8 @@ def _prefill_reply(frames: Frames, body: dict[str, Any]) -> dict[str, Any]:
     logits processor) starts at token 0 again, role event included, as such an engine writes it."""
     prompt = prompt_tokens(body)
     reply = frames.whole_reply(token_text(0), prompt_tokens=prompt, completion_tokens=1)
+    if frames.is_chat:  # every field vLLM 0.32 writes (JSONResponse of model_dump(), chat_completion/api_router.py)
+        _as_vllm_032_chat(reply)
     if body.get("return_token_ids") and frames.is_chat:  # vLLM 0.32 chat_completion/serving.py:1123, 1200
         reply["choices"][0]["token_ids"], reply["prompt_token_ids"] = [TOKEN_ID_BASE], _prompt_ids(body, prompt)
     elif body.get("return_token_ids"):
@@ -261,6 +263,21 @@ def _prefill_reply(frames: Frames, body: dict[str, Any]) -> dict[str, Any]:
         "remote_request_id": frames.request_id, "tp_size": 1, "remote_num_tokens": prompt,
     }
     return reply
+
+
+def _as_vllm_032_chat(reply: dict[str, Any]) -> None:
+    """A whole chat reply with the fields vLLM 0.32's ChatCompletionResponse dumps as null
+    (chat_completion/protocol.py: ChatMessage, which drops an empty ``tool_calls``; ChatCompletionResponseChoice;
+    ChatCompletionResponse; serve/engine/protocol.py UsageInfo). Its message is what vLLM writes for a token that is
+    content with or without a reasoning or tool-call parser (serving.py chat_completion_full_generator: the parser's
+    ``reasoning`` None), so a gateway told the engines parse chat output reads it as it would a real engine's."""
+    choice = reply["choices"][0]
+    choice["message"] |= {"refusal": None, "annotations": None, "audio": None, "function_call": None,
+                          "reasoning": None}
+    choice |= {"stop_reason": None, "token_ids": None, "routed_experts": None}
+    reply["usage"] |= {"prompt_tokens_details": None, "completion_tokens_details": None}
+    reply |= {"service_tier": None, "system_fingerprint": None, "prompt_logprobs": None, "prompt_token_ids": None,
+              "prompt_text": None, "ec_transfer_params": None, "metrics": None}
 
 
 def _prompt_ids(body: dict[str, Any], count: int) -> list[int]:

@@ -77,6 +77,24 @@ async def test_prefill_leg_with_token_ids_answers_them_as_vllm_does(upstream: Up
     assert len(choice["prompt_token_ids"]) == 3 and payload["kv_transfer_params"]["remote_num_tokens"] == 3
 
 
+async def test_chat_prefill_leg_answers_every_field_vllm_032_writes(upstream: Upstream) -> None:
+    """vLLM 0.32's ChatCompletionResponse.model_dump(): nulls included, an empty tool_calls dropped."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "one two three"}], "max_tokens": 1,
+            "stream": False, "return_token_ids": True, "kv_transfer_params": {"do_remote_decode": True}}
+    async with aiohttp.ClientSession() as session, session.post(upstream.url + CHAT, json=body) as reply:
+        payload = await reply.json()
+    (choice,) = payload["choices"]
+    assert choice["message"] == {"role": "assistant", "content": token_text(0), "refusal": None, "annotations": None,
+                                 "audio": None, "function_call": None, "reasoning": None}
+    assert set(choice) == {"index", "message", "logprobs", "finish_reason", "stop_reason", "token_ids",
+                           "routed_experts"} and choice["token_ids"] == [TOKEN_ID_BASE]
+    assert set(payload) == {"id", "object", "created", "model", "choices", "service_tier", "system_fingerprint",
+                            "usage", "prompt_logprobs", "prompt_token_ids", "prompt_text", "kv_transfer_params",
+                            "ec_transfer_params", "metrics"} and len(payload["prompt_token_ids"]) == 3
+    assert set(payload["usage"]) == {"prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details",
+                                     "completion_tokens_details"}
+
+
 async def test_decode_leg_after_the_prefill_engines_token_continues_from_the_second(upstream: Upstream) -> None:
     body = {"model": "m", "prompt": [100, 101, TOKEN_ID_BASE], "max_tokens": 4, "stream": True,
             "kv_transfer_params": {"do_remote_prefill": True}}
