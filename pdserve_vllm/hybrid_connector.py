@@ -184,21 +184,24 @@ class NixlConnector(ProgressNixlConnector):
         if worker is not None and worker.use_host_buffer and worker._has_mamba:
             _stage_through_mirror(worker)
         config = self._kv_cache_config
-        self._state_layers = {group: [_state_pages(kv_caches[name], page_size_bytes=spec.page_size_bytes,
-                                                   num_blocks=config.num_blocks)
-                                      for name in config.kv_cache_groups[group].layer_names if name in kv_caches]
+        self._state_layers = {group: [view for name in config.kv_cache_groups[group].layer_names if name in kv_caches
+                                      for view in _state_views(kv_caches[name], page_size_bytes=spec.page_size_bytes,
+                                                               num_blocks=config.num_blocks)]
                               for group in _state_groups(config)
                               for spec in [config.kv_cache_groups[group].kv_cache_spec]}
         super().register_kv_caches(kv_caches)
 
 
-def _state_pages(cache: torch.Tensor, *, page_size_bytes: int, num_blocks: int) -> torch.Tensor:
-    """A recurrent layer's KV cache as one row of bytes per block: its conv and SSM state, as NIXL registers it
-    (block ``b`` at ``b * page_size_bytes`` from the view's start; base_worker.py, register_kv_caches, 0.32)."""
+def _state_views(cache: Any, *, page_size_bytes: int, num_blocks: int) -> list[torch.Tensor]:
+    """A recurrent layer's KV cache as tensors whose first index is the block: 0.32 gives one tensor whose block
+    ``b`` (conv and SSM state) starts ``b * page_size_bytes`` after its start, as NIXL registers it (base_worker.py,
+    register_kv_caches), seen here as one row of bytes per block; 0.26 a list of state tensors (conv, ssm)."""
+    if isinstance(cache, list | tuple):
+        return list(cache)
     storage = cache.untyped_storage()
     pages = torch.empty(0, dtype=torch.uint8, device=cache.device)
-    return pages.set_(storage, cache.data_ptr() - storage.data_ptr(), (num_blocks, page_size_bytes),
-                      (page_size_bytes, 1))
+    return [pages.set_(storage, cache.data_ptr() - storage.data_ptr(), (num_blocks, page_size_bytes),
+                       (page_size_bytes, 1))]
 
 
 def _state_groups(kv_cache_config: Any) -> list[int]:

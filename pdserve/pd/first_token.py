@@ -192,21 +192,23 @@ def _token_after_last(choice: dict[str, Any]) -> int:
 
 
 def _without_last_prompt_token(choice: dict[str, Any]) -> dict[str, Any] | None:
-    """A chat reply's message of the prompt's last token and the first token as one engine's of the first token
-    alone would be: the last prompt token's text (its logprobs entry's) taken off the front of the one text field
-    it is in; None where that is not told: the parser split the text, took a tag, or the token's text is not the
-    field's start, or could be part of a tag (``<``)."""
+    """A chat reply's message of the prompt's last token x and the first token T, as one engine's for T alone would
+    be; None where the reply does not tell. vLLM writes a reply's text as its detokenizer's increments, x's then
+    T's, and each increment is the token's own text (its logprobs entry's) with or without one space before it
+    (byte-level BPE: without; a decoder that joins words with spaces, or SentencePiece's word start: with). So the
+    one text field the parser left must split into x's increment and T's in exactly one of those ways, and neither
+    token's text may hold a ``<`` (a tag the parser reads, and around which a detokenizer may add spaces)."""
     message = choice["message"]
-    last_text = choice["logprobs"]["content"][0]["token"]
+    last_text, first_text = (entry["token"] for entry in choice["logprobs"]["content"])
     texts = {field: message[field] for field in _TEXT_FIELDS if message.get(field)}
-    if len(texts) != 1 or message.get("tool_calls") or not last_text or "<" in last_text:
+    if len(texts) != 1 or message.get("tool_calls") or not first_text or "<" in last_text + first_text:
         return None
     ((field, text),) = texts.items()
-    if not text.startswith(last_text):
+    rests = [text[len(lead):] for lead in (last_text, " " + last_text)
+             if text.startswith(lead) and text[len(lead):] in (first_text, " " + first_text)]
+    if len(rests) != 1:
         return None
-    rest = text[len(last_text):]
-    kept = {key: value for key, value in message.items() if key not in _TEXT_FIELDS}
-    return {**kept, field: rest} if rest else kept
+    return {**{key: value for key, value in message.items() if key not in _TEXT_FIELDS}, field: rests[0]}
 
 
 def for_client(body: dict[str, Any], first: FirstToken, *, path: str, max_model_len: int | None) -> FirstToken:
