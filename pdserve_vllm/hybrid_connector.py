@@ -25,8 +25,9 @@ from typing import Any
 import torch
 from vllm.v1.kv_cache_interface import MambaSpec
 
-from pdserve_vllm import FIRST_TOKEN_ARG
+from pdserve_vllm import FIRST_TOKEN_ARG, FIRST_TOKEN_PROCESSOR
 from pdserve_vllm import state_before_last as before_last
+from pdserve_vllm.first_token import FirstTokenProcessor
 from pdserve_vllm.host_mirror import HostMirror, mirror_on_host
 from pdserve_vllm.nixl_progress import NixlConnector as ProgressNixlConnector
 from pdserve_vllm.whole_prompt import TRUNCATED_GUARD, keep_whole_prompt, keeps_whole_prompt, mark_reply
@@ -84,7 +85,7 @@ class NixlConnector(ProgressNixlConnector):
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
-        self._kv_cache_config = kv_cache_config
+        self._kv_cache_config, self._vllm_config = kv_cache_config, vllm_config
         self._dropped: dict[str, int] = {}  # request id -> its last prompt token, while vLLM may drop it
         self._plans: dict[str, before_last.Plan] = {}
         self._state_layers: dict[int, list[torch.Tensor]] = {}  # recurrent group -> its layers' state tensors
@@ -101,7 +102,7 @@ class NixlConnector(ProgressNixlConnector):
             keep_whole_prompt(request.kv_transfer_params)
         elif scheduler is not None and request.prompt_token_ids and before_last.asks_state_before_last(
                 request.kv_transfer_params, has_mamba=scheduler._has_mamba,
-                backoff=prefill_backoff(scheduler)) and _can_plan(scheduler):
+                backoff=prefill_backoff(scheduler)) and _can_plan(scheduler, self._vllm_config):
             self._dropped[request.request_id] = request.prompt_token_ids[-1]
         super().on_new_request(request)
 
@@ -120,7 +121,7 @@ class NixlConnector(ProgressNixlConnector):
                 token, stop_token_ids=stop_token_ids, num_prompt_tokens=request.num_prompt_tokens + 1,
                 state_block_size=_cached_state_block_size(self._kv_cache_config))):
             return
-        plan = before_last.Plan(prompt_tokens=request.num_prompt_tokens)
+        plan = before_last.Plan(prompt_tokens=request.num_prompt_tokens, dropped_token=token)
         plan.allocated(block_ids)
         self._plans[request.request_id] = plan
         request.max_tokens = 2
@@ -164,6 +165,7 @@ class NixlConnector(ProgressNixlConnector):
         plan = self._plans.pop(request.request_id, None)
         if plan is None or self.connector_scheduler is None:
             return params
+        plan.finished(list(request.output_token_ids))
         return before_last.mark_reply(plan, params, _clipped(self.connector_scheduler, plan.step_one_blocks))
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
@@ -226,7 +228,10 @@ def _clipped(scheduler: Any, block_ids: before_last.BlockIds) -> before_last.Blo
     return tuple(scheduler.get_sw_clipped_blocks(block_ids))  # 0.26
 
 
-def _can_plan(scheduler: Any) -> bool:
-    """Whether the two steps of state_before_last.py fit this engine: no sliding-window group (its blocks are
-    clipped to a window's tail, not step 1's) and no speculative scratch slots beside the running state."""
-    return not any(scheduler.blocks_per_sw) and not any(getattr(scheduler, "_ssm_spec_blocks", None) or ())
+def _can_plan(scheduler: Any, vllm_config: Any) -> bool:
+    """Whether the two steps of state_before_last.py fit this engine: it loads pdserve's logits processor (which
+    forces x), has no sliding-window group (its blocks are clipped to a window's tail, not step 1's) and no
+    speculative scratch slots beside the running state."""
+    processors = vllm_config.model_config.logits_processors or ()  # as named, or the classes once loaded
+    return (any(processor in (FIRST_TOKEN_PROCESSOR, FirstTokenProcessor) for processor in processors)
+            and not any(scheduler.blocks_per_sw) and not any(getattr(scheduler, "_ssm_spec_blocks", None) or ()))

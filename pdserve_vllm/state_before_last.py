@@ -14,7 +14,11 @@ before it, written back after, so the blocks the decode engine pulls hold the st
 the blocks of step 1 only (``Plan.step_one_blocks``): an attention block that step 2 added for position n would
 be read where the decode engine has none. Its token ids are x and T, and ``STATE_BEFORE_LAST_KEPT_KEY`` says so;
 a request that did not run these two steps as planned (preempted between them, so vLLM recomputed x inside a
-prefill) replies without it and hands nothing over.
+prefill; or its output is not x and one more) says it false, and the gateway uses none of its handoff.
+
+Engines that cannot plan it (no pdserve logits processor to force x, sliding-window or speculative state groups),
+and prompts whose x may not lead (``dropped_token_may_lead``), get vLLM's own truncation and no key: the gateway
+then has the decode engine's token first, as before.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class Plan:
     """One planned request, on the scheduler side. ``prompt_tokens``: n - 1, what vLLM left of the prompt."""
 
     prompt_tokens: int
+    dropped_token: int  # x, the prompt's last token, to be the first output
     step_one_blocks: BlockIds = ()
     prefill_done: bool = False  # step 1 has been scheduled
     state_blocks: list[tuple[int, int]] = field(default_factory=list)  # (group, block) sent for step 2
@@ -80,6 +85,12 @@ class Plan:
                                                                           strict=True))
         self.prefill_done = num_computed_tokens + num_scheduled_tokens >= self.prompt_tokens
         return []
+
+    def finished(self, output_token_ids: list[int]) -> None:
+        """The request's output when it finished: x then the first token, or the plan broke (an engine that did not
+        force x, a stop after it)."""
+        if len(output_token_ids) != 2 or output_token_ids[0] != self.dropped_token:
+            self.broken = True
 
     @property
     def is_complete(self) -> bool:

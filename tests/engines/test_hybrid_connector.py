@@ -13,7 +13,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import Nix
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, MambaSpec
 from vllm.v1.request import Request
 
-from pdserve_vllm import FIRST_TOKEN_ARG, STATE_BEFORE_LAST_KEY, WHOLE_PROMPT_KEPT_KEY, WHOLE_PROMPT_KEY
+from pdserve_vllm import (
+    FIRST_TOKEN_ARG,
+    FIRST_TOKEN_PROCESSOR,
+    STATE_BEFORE_LAST_KEY,
+    WHOLE_PROMPT_KEPT_KEY,
+    WHOLE_PROMPT_KEY,
+)
 from pdserve_vllm.hybrid_connector import NixlConnector, prefill_backoff
 from pdserve_vllm.whole_prompt import keeps_whole_prompt, mark_reply
 
@@ -75,7 +81,8 @@ def test_the_backoff_is_read_from_the_scheduler_of_either_vllm_version() -> None
     assert prefill_backoff(SimpleNamespace(_has_mamba=True)) is None  # a truncation pdserve does not know
 
 
-def planning_connector(*, mamba_cache_mode: str = "none") -> NixlConnector:
+def planning_connector(*, mamba_cache_mode: str = "none",
+                       logits_processors: tuple[str, ...] = (FIRST_TOKEN_PROCESSOR,)) -> NixlConnector:
     """The connector above, over two KV cache groups: full attention (group 0) and recurrent state (group 1)."""
     made = connector()
     scheduler = made.connector_scheduler
@@ -87,6 +94,7 @@ def planning_connector(*, mamba_cache_mode: str = "none") -> NixlConnector:
     made._kv_cache_config = SimpleNamespace(kv_cache_groups=[KVCacheGroupSpec(["attn"], attention),
                                                              KVCacheGroupSpec(["state"], state)])
     made._dropped, made._plans = {}, {}
+    made._vllm_config = SimpleNamespace(model_config=SimpleNamespace(logits_processors=logits_processors))
     return made
 
 
@@ -102,13 +110,14 @@ def test_a_hybrids_chat_prefill_that_asks_outputs_the_dropped_token_first_and_sa
     assert request.max_tokens == 2 and request.sampling_params.extra_args[FIRST_TOKEN_ARG] == PROMPT[-1]
 
 
-@pytest.mark.parametrize(("mamba_cache_mode", "prompt", "stop_token_ids"), [
-    ("none", PROMPT, [PROMPT[-1]]),  # the dropped token would stop the request
-    ("align", [*PROMPT, 16, 17, 18], []),  # 8 tokens, 4 per cached state: step 2 would complete a cached block
-], ids=["stop token", "cached state block"])
-def test_a_prefill_whose_dropped_token_may_not_lead_is_left_to_vllm(mamba_cache_mode: str, prompt: list[int],
-                                                                    stop_token_ids: list[int]) -> None:
-    made = planning_connector(mamba_cache_mode=mamba_cache_mode)
+@pytest.mark.parametrize(("mamba_cache_mode", "prompt", "stop_token_ids", "logits_processors"), [
+    ("none", PROMPT, [PROMPT[-1]], (FIRST_TOKEN_PROCESSOR,)),  # the dropped token would stop the request
+    ("align", [*PROMPT, 16, 17, 18], [], (FIRST_TOKEN_PROCESSOR,)),  # 8 tokens, 4 per state: step 2 completes one
+    ("none", PROMPT, [], ()),  # an engine without pdserve's logits processor cannot force the dropped token
+], ids=["stop token", "cached state block", "no logits processor"])
+def test_a_prefill_whose_dropped_token_may_not_lead_is_left_to_vllm(
+        mamba_cache_mode: str, prompt: list[int], stop_token_ids: list[int], logits_processors: tuple[str, ...]) -> None:
+    made = planning_connector(mamba_cache_mode=mamba_cache_mode, logits_processors=logits_processors)
     params = {"kv_transfer_params": {**PREFILL, STATE_BEFORE_LAST_KEY: True}}
     request = Request(request_id="r", prompt_token_ids=list(prompt), pooling_params=None,
                       sampling_params=SamplingParams(max_tokens=1, stop_token_ids=stop_token_ids, extra_args=params))

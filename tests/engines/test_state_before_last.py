@@ -33,7 +33,7 @@ def test_a_dropped_token_that_would_stop_the_request_or_complete_a_cached_state_
 
 
 def planned(prompt_tokens: int = 300) -> Plan:
-    plan = Plan(prompt_tokens=prompt_tokens)
+    plan = Plan(prompt_tokens=prompt_tokens, dropped_token=15)
     plan.allocated(STEP_ONE)
     return plan
 
@@ -48,7 +48,17 @@ def test_the_step_after_the_prefill_keeps_the_running_state_blocks_of_step_one()
     assert step(plan, 0, 200) == []  # a first chunk
     assert step(plan, 200, 100, new=([8], [9], [])) == []  # the prefill's last chunk
     assert step(plan, 300, 1, new=([10], [11], [])) == [(1, 9), (2, 7)]  # step 2: the state after n - 1
+    plan.finished([15, 42])
     assert plan.is_complete and plan.step_one_blocks == ([4, 5, 8], [0, 6, 9], [7])
+
+
+@pytest.mark.parametrize("output", [[16, 42], [15]], ids=["not forced", "stopped after it"])
+def test_an_output_that_does_not_start_with_the_dropped_token_and_one_more_breaks_the_plan(output: list[int]) -> None:
+    plan = planned()
+    step(plan, 0, 300)
+    step(plan, 300, 1)
+    plan.finished(output)
+    assert not plan.is_complete
 
 
 @pytest.mark.parametrize("after_prefill", [
@@ -68,6 +78,7 @@ def test_the_reply_of_a_completed_plan_names_step_ones_blocks_and_the_prompt_les
     plan = planned()
     step(plan, 0, 300)
     step(plan, 300, 1, new=([10], [], []))
+    plan.finished([15, 42])
     reply = mark_reply(plan, {"remote_block_ids": [[4, 5, 10], [6], [7]], "remote_num_tokens": 301,
                               "remote_engine_id": "p"}, ([4, 5], [6], [7]))
     assert reply == {"remote_block_ids": [[4, 5], [6], [7]], "remote_num_tokens": 300, "remote_engine_id": "p",
