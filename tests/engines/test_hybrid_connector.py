@@ -7,11 +7,19 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 from vllm import SamplingParams
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import NixlPullConnectorScheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, MambaSpec
 from vllm.v1.request import Request
 
-from pdserve_vllm import WHOLE_PROMPT_KEPT_KEY, WHOLE_PROMPT_KEY
+from pdserve_vllm import (
+    FIRST_TOKEN_ARG,
+    FIRST_TOKEN_PROCESSOR,
+    STATE_BEFORE_LAST_KEY,
+    WHOLE_PROMPT_KEPT_KEY,
+    WHOLE_PROMPT_KEY,
+)
 from pdserve_vllm.hybrid_connector import NixlConnector, prefill_backoff
 from pdserve_vllm.whole_prompt import keeps_whole_prompt, mark_reply
 
@@ -71,3 +79,49 @@ def test_the_backoff_is_read_from_the_scheduler_of_either_vllm_version() -> None
     assert prefill_backoff(connector().connector_scheduler) == 1  # 0.32's _prefill_backoff
     assert prefill_backoff(SimpleNamespace(_truncate_mamba_request_for_prefill=None, _has_mamba=True)) == 1  # 0.26
     assert prefill_backoff(SimpleNamespace(_has_mamba=True)) is None  # a truncation pdserve does not know
+
+
+def planning_connector(*, mamba_cache_mode: str = "none",
+                       logits_processors: tuple[str, ...] = (FIRST_TOKEN_PROCESSOR,)) -> NixlConnector:
+    """The connector above, over two KV cache groups: full attention (group 0) and recurrent state (group 1)."""
+    made = connector()
+    scheduler = made.connector_scheduler
+    assert scheduler is not None
+    scheduler.blocks_per_sw, scheduler._ssm_spec_blocks = [0, 0], [None, 0]
+    scheduler._reqs_in_batch, scheduler.use_host_buffer, scheduler.is_bidirectional_kv_xfer_enabled = set(), False, False
+    state = MambaSpec(block_size=4, shapes=((2,),), dtypes=(torch.float32,), mamba_cache_mode=mamba_cache_mode)
+    attention = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=2, dtype=torch.float32)
+    made._kv_cache_config = SimpleNamespace(kv_cache_groups=[KVCacheGroupSpec(["attn"], attention),
+                                                             KVCacheGroupSpec(["state"], state)])
+    made._dropped, made._plans = {}, {}
+    made._vllm_config = SimpleNamespace(model_config=SimpleNamespace(logits_processors=logits_processors))
+    return made
+
+
+def allocated(made: NixlConnector, request: Request, block_ids: tuple[list[int], ...]) -> None:
+    made.update_state_after_alloc(request, SimpleNamespace(get_block_ids=lambda: block_ids), 0)
+
+
+def test_a_hybrids_chat_prefill_that_asks_outputs_the_dropped_token_first_and_samples_after_it() -> None:
+    made = planning_connector()
+    request = arrive(made, {**PREFILL, STATE_BEFORE_LAST_KEY: True})
+    assert request.prompt_token_ids == PROMPT[:-1]  # vLLM's own truncation
+    allocated(made, request, ([1], [2]))
+    assert request.max_tokens == 2 and request.sampling_params.extra_args[FIRST_TOKEN_ARG] == PROMPT[-1]
+
+
+@pytest.mark.parametrize(("mamba_cache_mode", "prompt", "stop_token_ids", "logits_processors"), [
+    ("none", PROMPT, [PROMPT[-1]], (FIRST_TOKEN_PROCESSOR,)),  # the dropped token would stop the request
+    ("align", [*PROMPT, 16, 17, 18], [], (FIRST_TOKEN_PROCESSOR,)),  # 8 tokens, 4 per state: step 2 completes one
+    ("none", PROMPT, [], ()),  # an engine without pdserve's logits processor cannot force the dropped token
+], ids=["stop token", "cached state block", "no logits processor"])
+def test_a_prefill_whose_dropped_token_may_not_lead_is_left_to_vllm(
+        mamba_cache_mode: str, prompt: list[int], stop_token_ids: list[int], logits_processors: tuple[str, ...]) -> None:
+    made = planning_connector(mamba_cache_mode=mamba_cache_mode, logits_processors=logits_processors)
+    params = {"kv_transfer_params": {**PREFILL, STATE_BEFORE_LAST_KEY: True}}
+    request = Request(request_id="r", prompt_token_ids=list(prompt), pooling_params=None,
+                      sampling_params=SamplingParams(max_tokens=1, stop_token_ids=stop_token_ids, extra_args=params))
+    made.on_new_request(request)
+    allocated(made, request, ([1, 2], [3]))
+    assert request.max_tokens == 1 and FIRST_TOKEN_ARG not in (request.sampling_params.extra_args or {})
+    assert request.prompt_token_ids == prompt[:-1]  # vLLM's own path

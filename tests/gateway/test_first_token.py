@@ -17,7 +17,7 @@ import pytest
 
 from pdserve.gateway.client_reply import ClientTransport
 from pdserve.pd.decode import RELEASE_MODEL
-from pdserve_vllm import WHOLE_PROMPT_KEY
+from pdserve_vllm import STATE_BEFORE_LAST_KEY, WHOLE_PROMPT_KEY
 from tests.fake_engine import FIRST_TOKEN_ID, KV_PARAMS, WORDS, FakeEngine
 from tests.gateway.test_app import MODEL, post
 from tests.gateway.test_faults import gateway_over, metrics_of, text_of
@@ -309,6 +309,35 @@ async def test_a_streamed_chat_gets_the_prefill_engines_token_first_and_the_deco
     assert decode_body["messages"] == streamed_chat()["messages"] and decode_body["max_tokens"] == 5
     assert decode_body["kv_transfer_params"]["remote_block_ids"] == KV_PARAMS["remote_block_ids"]
     assert 'pdserve_first_tokens_total{reason="eligible",route="/v1/chat/completions",source="prefill"} 1.0' in metrics
+
+
+async def test_a_hybrids_chat_leads_with_the_token_its_prefill_engine_sampled_after_the_prompts_last() -> None:
+    prefill = FakeEngine(metrics_text=vllm_load_metrics(), prefill_stops_short=1, keeps_state_before_last=True)
+    decode = FakeEngine(metrics_text=vllm_load_metrics())
+    async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05,
+                            decode_pool={"first_token_processor": True}) as base:
+        status, payload = await post(await settled(base), streamed_chat(), path="/v1/chat/completions")
+        metrics = await metrics_of(base)
+    assert status == 200 and text_of(payload) == "".join(WORDS)
+    assert events(payload)[1]["choices"][0]["delta"] == {"content": WORDS[0]}  # the "\n" it output first is not
+    (prefill_body,) = prefill.bodies
+    assert prefill_body["kv_transfer_params"][STATE_BEFORE_LAST_KEY] is True and prefill_body["logprobs"] is True
+    (decode_body,) = decode.bodies
+    assert decode_body["vllm_xargs"] == {"pdserve_first_token": FIRST_TOKEN_ID}
+    assert 'pdserve_first_tokens_total{reason="eligible",route="/v1/chat/completions",source="prefill"} 1.0' in metrics
+
+
+async def test_a_hybrids_chat_whose_prefill_engine_lost_the_state_before_the_last_token_is_prefilled_locally() -> None:
+    prefill = FakeEngine(metrics_text=vllm_load_metrics(), prefill_stops_short=1, keeps_state_before_last=False)
+    decode = FakeEngine(metrics_text=vllm_load_metrics())
+    async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05,
+                            decode_pool={"first_token_processor": True}) as base:
+        status, payload = await post(await settled(base), streamed_chat(), path="/v1/chat/completions")
+        metrics = await metrics_of(base)
+    assert status == 200 and text_of(payload) == "".join(WORDS)
+    (decode_body,) = decode.bodies
+    assert "kv_transfer_params" not in decode_body  # nothing of that handoff is pulled
+    assert 'pdserve_local_fallbacks_total{reason="prefill_failed"} 1.0' in metrics
 
 
 async def test_a_chat_stays_on_the_decode_engines_token_where_that_engine_cannot_be_given_one_and_says_why() -> None:
