@@ -96,7 +96,9 @@ def test_verify_across_hosts_names_the_interface_and_fails_a_1_gbit_link(deploym
     assert code == 1 and not report["ok"], report
     problems = " ".join(report["verdict"]["problems"])
     assert f"through {netbed.HOST_INTERFACE}" in problems and "check the link between the engines" in problems
-    assert report["verdict"]["measured_gbps"] < 0.125  # 1 Gbit/s
+    # 1 Gbit/s is 0.125 GB/s; tbf passes its burst (125 KB, netbed.rate_limit) above the rate, and a loaded
+    # machine measured 0.1252: within 4% of the link, where the unshaped veth moves several times more
+    assert report["verdict"]["measured_gbps"] < 0.13
     print(f"\nKV GB/s through veth: unlimited {unlimited[0]['verdict']['measured_gbps']:.3f}, "
           f"1 Gbit/s {report['verdict']['measured_gbps']:.3f}, on the live page {live_gbps:.3f}")
 
