@@ -14,6 +14,8 @@ import pytest
 from pdserve.engine_config import DEMO_MODEL_NAME
 from tests.e2e.conftest import Stack, first_tokens, start_stack, stop_stack, usage_as_compared
 
+pytestmark = pytest.mark.e2e
+
 LOCAL = {"X-PD-Mode": "local"}
 CONVERSATIONS = [
     [{"role": "user", "content": "What does json.dumps do?"}],
