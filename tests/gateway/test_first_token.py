@@ -311,13 +311,21 @@ async def test_a_streamed_chat_gets_the_prefill_engines_token_first_and_the_deco
     assert 'pdserve_first_tokens_total{reason="eligible",route="/v1/chat/completions",source="prefill"} 1.0' in metrics
 
 
-async def test_a_hybrids_chat_leads_with_the_token_its_prefill_engine_sampled_after_the_prompts_last() -> None:
-    prefill = FakeEngine(metrics_text=vllm_load_metrics(), prefill_stops_short=1, keeps_state_before_last=True)
+async def hybrid_chat(*, keeps_state_before_last: bool) -> tuple[int, bytes, str, FakeEngine, FakeEngine]:
+    """A streamed chat through a hybrid's prefill engine (it stops the prompt a token short) that keeps, or lost,
+    the state before the prompt's last token: status, payload, the gateway's metrics, the two engines."""
+    prefill = FakeEngine(metrics_text=vllm_load_metrics(), prefill_stops_short=1,
+                         keeps_state_before_last=keeps_state_before_last)
     decode = FakeEngine(metrics_text=vllm_load_metrics())
     async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05,
                             decode_pool={"first_token_processor": True}) as base:
         status, payload = await post(await settled(base), streamed_chat(), path="/v1/chat/completions")
         metrics = await metrics_of(base)
+    return status, payload, metrics, prefill, decode
+
+
+async def test_a_hybrids_chat_leads_with_the_token_its_prefill_engine_sampled_after_the_prompts_last() -> None:
+    status, payload, metrics, prefill, decode = await hybrid_chat(keeps_state_before_last=True)
     assert status == 200 and text_of(payload) == "".join(WORDS)
     assert events(payload)[1]["choices"][0]["delta"] == {"content": WORDS[0]}  # the "\n" it output first is not
     (prefill_body,) = prefill.bodies
@@ -328,12 +336,7 @@ async def test_a_hybrids_chat_leads_with_the_token_its_prefill_engine_sampled_af
 
 
 async def test_a_hybrids_chat_whose_prefill_engine_lost_the_state_before_the_last_token_is_prefilled_locally() -> None:
-    prefill = FakeEngine(metrics_text=vllm_load_metrics(), prefill_stops_short=1, keeps_state_before_last=False)
-    decode = FakeEngine(metrics_text=vllm_load_metrics())
-    async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05,
-                            decode_pool={"first_token_processor": True}) as base:
-        status, payload = await post(await settled(base), streamed_chat(), path="/v1/chat/completions")
-        metrics = await metrics_of(base)
+    status, payload, metrics, _, decode = await hybrid_chat(keeps_state_before_last=False)
     assert status == 200 and text_of(payload) == "".join(WORDS)
     (decode_body,) = decode.bodies
     assert "kv_transfer_params" not in decode_body  # nothing of that handoff is pulled
