@@ -90,10 +90,13 @@ def joined(events: list[Any]) -> dict[str, Any]:
     """A stream's content, reasoning and tool-call text, and its finish reasons."""
     choices = [choice for event in events if isinstance(event, dict) for choice in event["choices"]]
     deltas = [choice.get("delta") or {} for choice in choices]
-    calls = [call.get("function") or {} for delta in deltas for call in delta.get("tool_calls") or []]
+    calls: dict[int, str] = {}  # each call's name and argument text, by its index (merged steps split it elsewhere)
+    for call in (call for delta in deltas for call in delta.get("tool_calls") or []):
+        calls[call["index"]] = calls.get(call["index"], "") + "".join(
+            str(value) for value in (call.get("function") or {}).values())
     return {"content": "".join(delta.get("content") or "" for delta in deltas),
             "reasoning": "".join(delta.get("reasoning") or "" for delta in deltas),
-            "calls": ["".join(str(value) for value in call.values()) for call in calls],
+            "calls": [calls[index] for index in sorted(calls)],
             "finish": [choice["finish_reason"] for choice in choices if choice["finish_reason"]]}
 
 
