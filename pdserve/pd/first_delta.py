@@ -21,11 +21,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from pdserve.pd.first_token import FirstToken, Reason
+from pdserve.pd.first_token import FirstToken, Reason, message_texts
 
 # The tag each tool-call parser (--tool-call-parser) starts a call with and holds back while streaming.
 TOOL_CALL_STARTS = {"hermes": "<tool_call>"}
-_TEXT_FIELDS = ("content", "reasoning", "reasoning_content")  # vLLM 0.32 names reasoning "reasoning"
 
 
 def parsed_delta(body: dict[str, Any], first: FirstToken, *, tool_call_parser: str | None) -> FirstToken | Reason:
@@ -35,7 +34,7 @@ def parsed_delta(body: dict[str, Any], first: FirstToken, *, tool_call_parser: s
     message = first.message
     if message is None or first.finish_reason is not None or message.get("tool_calls"):
         return Reason.PARSER_UNSURE  # a finish flushes the parser; a call is never one token's
-    texts = {field: message[field] for field in _TEXT_FIELDS if message.get(field)}
+    texts = message_texts(message)
     if not texts:
         return replace(first, is_held=True)
     if len(texts) > 1 and "content" in texts:

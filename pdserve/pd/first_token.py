@@ -73,7 +73,7 @@ class Reason(StrEnum):
     BLOCKS_UNMAPPED = "blocks_unmapped"  # kv.py cannot map the blocks onto the prompt plus the token
 
 
-_TEXT_FIELDS = ("content", "reasoning", "reasoning_content")  # a chat message's (pd/first_delta.py's)
+_TEXT_FIELDS = ("content", "reasoning", "reasoning_content")  # a chat message's; vLLM 0.32 names reasoning "reasoning"
 
 # Fields whose effect spans the first two tokens, or reads the first as output: stop strings and
 # min_tokens, output penalties, a seeded sampler, guided decoding's state. With any of them set the
@@ -191,6 +191,11 @@ def _token_after_last(choice: dict[str, Any]) -> int:
     return int(token_id)
 
 
+def message_texts(message: dict[str, Any]) -> dict[str, str]:
+    """A chat message's text fields that hold text (content, reasoning), by name."""
+    return {field: message[field] for field in _TEXT_FIELDS if message.get(field)}
+
+
 def _without_last_prompt_token(choice: dict[str, Any]) -> dict[str, Any] | None:
     """A chat reply's message of the prompt's last token x and the first token T, as one engine's for T alone would
     be; None where the reply does not tell. vLLM writes a reply's text as its detokenizer's increments, x's then
@@ -200,7 +205,7 @@ def _without_last_prompt_token(choice: dict[str, Any]) -> dict[str, Any] | None:
     token's text may hold a ``<`` (a tag the parser reads, and around which a detokenizer may add spaces)."""
     message = choice["message"]
     last_text, first_text = (entry["token"] for entry in choice["logprobs"]["content"])
-    texts = {field: message[field] for field in _TEXT_FIELDS if message.get(field)}
+    texts = message_texts(message)
     if len(texts) != 1 or message.get("tool_calls") or not first_text or "<" in last_text + first_text:
         return None
     ((field, text),) = texts.items()
