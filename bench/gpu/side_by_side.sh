@@ -8,7 +8,11 @@
 #   SYSTEM=reference RATE=2,4,6,8 CHAT_RATE=4,8 LOAD_S=15 bash bench/gpu/side_by_side.sh
 #   SYSTEM=pdserve   RATE=2,4,6,8 LOAD_S=15 bash bench/gpu/side_by_side.sh
 #   SYSTEM=pdserve   RATE= RUNS=3 CHAT_RATE=4,8 LOAD_S=15 bash bench/gpu/side_by_side.sh
-# REPEAT=3 runs each sweep three times (folders chat-1.., bench-1.., seeds 0..2): 3 runs at the knee with one rate each.
+# REPEAT=3 runs each sweep three times (folders chat-1.., bench-1.., seeds 0..2): 3 runs at the knee with one rate each;
+# FIRST_ROUND=3 runs only the third of them (a round a call's deadline left out, in a later call).
+# The first start on a fresh machine compiles the hybrid's Triton kernels for minutes: the kernel cache (with vLLM's
+# cached autotuning) goes back as $OUT/triton-cache.tgz, and a copy of it carried in .triton-cache/ (untracked)
+# is unpacked before the engines start, so a later machine of the same card skips that compile.
 # reference: Ray's fractional-GPU setup (bench/gpu/reference_start.py: bundles of {GPU: 0.45}); its time to
 #   ready runs from `serve deploy` to RUNNING. pdserve: `pdserve up` (MPS, as it starts itself when two engines
 #   share a GPU) with the same engine flags; its time to ready is its own "ready in". With RUNS, pdserve also
@@ -25,7 +29,7 @@
 # vLLM stage in /tmp/site (../shared/gpu/README.md).
 set -u
 SYSTEM=${SYSTEM:?reference or pdserve} RATE=${RATE-2,4,6,8} CHAT_RATE=${CHAT_RATE:-} LOAD_S=${LOAD_S:-20}
-DIRECT_WORKLOAD=${DIRECT_WORKLOAD:-completions} REPEAT=${REPEAT:-1} RUNS=${RUNS:-0} DIRECT_RATE=${DIRECT_RATE:-2} DIRECT_S=${DIRECT_S:-30} DEADLINE_S=${DEADLINE_S:-570}
+DIRECT_WORKLOAD=${DIRECT_WORKLOAD:-completions} REPEAT=${REPEAT:-1} FIRST_ROUND=${FIRST_ROUND:-1} RUNS=${RUNS:-0} DIRECT_RATE=${DIRECT_RATE:-2} DIRECT_S=${DIRECT_S:-30} DEADLINE_S=${DEADLINE_S:-570}
 SHAPE=qwen3-8b MODEL_DIR=/tmp/q8b ITL_SLO_MS=50 REF_ARGS="" TURNS=4
 if [ "${CASE:-}" = reference ]; then
   SHAPE=qwen3.5-9b MODEL_DIR=/tmp/qwen3.5-9b ITL_SLO_MS=100 EAGER=1 MAX_LEN=4096 KV_BYTES=3221225472 MEM=l4 TURNS=3
@@ -39,7 +43,12 @@ D=/tmp/side-by-side-$SYSTEM; rm -rf $D; mkdir -p $D
 machine() { { date -u; uptime; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   lscpu | grep "Model name"; } >> $D/machine.txt 2>&1; }  # the card, the CPU and the load, at the start and the end
 machine
-trap 'uptime >> $D/machine.txt; tar czf $OUT/side-by-side-$SYSTEM.tgz -C /tmp side-by-side-$SYSTEM' EXIT
+TRITON=$HOME/.triton  # Triton's default cache folder (TRITON_CACHE_DIR unset), shared by both systems' engines
+if [ -s .triton-cache/triton-cache.tgz ]; then
+  mkdir -p $TRITON && tar xzf .triton-cache/triton-cache.tgz -C $TRITON && echo "Triton cache carried in" >> $D/machine.txt
+fi
+trap 'uptime >> $D/machine.txt; tar czf $OUT/side-by-side-$SYSTEM.tgz -C /tmp side-by-side-$SYSTEM
+  [ -d $TRITON/cache ] && tar czf $OUT/triton-cache.tgz -C $TRITON cache' EXIT
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 say() { echo "[$SYSTEM $(date +%T)] $*"; }
 # bench NEED_S NAME URL FOLDER FLAGS...: `pdserve bench run` of one target, if NEED_S seconds are left before
@@ -57,7 +66,7 @@ bench() {
 levels_s() { echo $(( $(echo "$1" | tr ',' '\n' | grep -c .) * (LOAD_S + 20) )); }
 sweeps() {  # NAME URL: REPEAT rounds of the chat sweep (the reference's request type), then the synthetic sweep
   local round suffix
-  for round in $(seq $REPEAT); do
+  for round in $(seq $FIRST_ROUND $REPEAT); do
     suffix=""; [ "$REPEAT" -gt 1 ] && suffix="-$round"
     [ -z "$CHAT_RATE" ] || bench "$(levels_s "$CHAT_RATE")" "$1" "$2" chat$suffix $CHAT_LOAD --rate "$CHAT_RATE" \
       --seed $((round - 1))
