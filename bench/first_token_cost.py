@@ -3,8 +3,9 @@
 
     PYTHONPATH=. python bench/first_token_cost.py [--prompt-tokens 3840]
 
-Added: the prefill reply's prompt token ids (``return_token_ids``) to parse, reading the token, the lead's
-events and the decode leg's body, and dropping the decode engine's echo of the first step. What 9a77e7e
+Added: the prefill reply's prompt token ids (``return_token_ids``) to cut out before parsing
+(first_token.without_chat_prompt_ids), reading the token, the lead's events and the decode leg's body, and
+dropping the decode engine's echo of the first step. What 9a77e7e
 did for chat (parse the prefill reply without ids, build the decode body) is timed as the baseline.
 """
 
@@ -59,7 +60,7 @@ def main() -> None:
     echo = None
 
     def after() -> Lead:
-        reply = pydantic_core.from_json(with_ids)
+        reply = pydantic_core.from_json(first_token.without_chat_prompt_ids(with_ids))
         first_token.why_not(body, path=CHAT_PATH, is_stream=True, decode_forces=True, parses_chat=False)
         first = first_token.read(reply)
         assert isinstance(first, FirstToken)

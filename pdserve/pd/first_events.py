@@ -54,7 +54,7 @@ def ending(body: dict[str, Any], first: FirstToken, *, path: str) -> bytes:
     """What follows the first token when it is the last: the usage event if asked, then [DONE]."""
     if not (body.get("stream_options") or {}).get("include_usage"):
         return SSE_DONE
-    prompt_tokens = len(first.prompt_token_ids)
+    prompt_tokens = first.prompt_tokens
     usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + 1, "completion_tokens": 1}
     if first.prompt_tokens_details is not None:  # as the engine that computed this reply wrote it
         usage["prompt_tokens_details"] = first.prompt_tokens_details

@@ -44,6 +44,7 @@ describe the first token in fields the gateway does not rebuild; n > 1; continuo
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
@@ -135,7 +136,8 @@ class FirstToken:
     text: str
     finish_reason: str | None  # set: this token ends the reply (a stop token, or max_tokens 1)
     stop_reason: int | str | None
-    prompt_token_ids: tuple[int, ...]
+    prompt_tokens: int
+    prompt_token_ids: tuple[int, ...]  # a completion's, its decode leg's start (pd/lead.py); a chat's are not read
     reply_id: str
     created: int
     model: str
@@ -158,25 +160,40 @@ def read(reply: dict[str, Any]) -> FirstToken | Reason:
         is_after_last = reply["kv_transfer_params"].get(STATE_BEFORE_LAST_KEPT_KEY) is True
         token_id = _token_after_last(choice) if is_after_last else _only_token(choice)
         is_chat = "message" in choice
-        # vLLM puts a completion's prompt ids in its choice, a chat's beside the choices (0.32). Its JSON ints
-        # are taken as they are: converting each again cost 200 µs per 4k-token prompt (bench/first_token_cost.py).
-        prompt = tuple(reply["prompt_token_ids"] if is_chat else choice["prompt_token_ids"])
+        # vLLM puts a completion's prompt ids in its choice (its JSON ints taken as they are: converting each
+        # again cost 200 µs per 4k-token prompt, bench/first_token_cost.py); a chat's count is its usage's, which
+        # vLLM counts as len(prompt_token_ids) (chat_completion/serving.py, 0.26 and 0.32).
+        prompt = () if is_chat else tuple(choice["prompt_token_ids"])
+        prompt_tokens = int(reply["usage"]["prompt_tokens"]) if is_chat else len(prompt)
         message = (_without_last_prompt_token(choice) if is_after_last else choice["message"]) if is_chat else None
         if is_chat and message is None:
             return Reason.PARSER_UNSURE
         text = message.get("content") if message is not None else choice.get("text")
-        computed = len(prompt) if is_after_last else reply["kv_transfer_params"].get("remote_num_tokens")
+        computed = prompt_tokens if is_after_last else reply["kv_transfer_params"].get("remote_num_tokens")
         first = FirstToken(token_id=int(token_id), text=str(text or ""),
                            finish_reason=choice.get("finish_reason"), stop_reason=choice.get("stop_reason"),
-                           prompt_token_ids=prompt, reply_id=str(reply["id"]), created=int(reply["created"]),
+                           prompt_tokens=prompt_tokens, prompt_token_ids=prompt, reply_id=str(reply["id"]), created=int(reply["created"]),
                            model=str(reply["model"]),
                            prompt_tokens_details=(reply.get("usage") or {}).get("prompt_tokens_details"),
                            message=message)
     except (KeyError, IndexError, TypeError, ValueError, AttributeError):
         return Reason.PREFILL_REPLY_UNREADABLE
-    if computed is not None and int(computed) < len(prompt):
+    if computed is not None and int(computed) < prompt_tokens:
         return Reason.PREFILL_STOPPED_SHORT
     return first
+
+
+_CHAT_PROMPT_IDS = re.compile(rb'"prompt_token_ids"\s*:\s*\[')
+
+
+def without_chat_prompt_ids(raw: bytes) -> bytes:
+    """A chat prefill reply's JSON with ``null`` for its prompt's token ids, which vLLM writes beside the choices
+    (``return_token_ids``) and ``read`` does not use: parsing them was 122 of the 140 µs this route cost a 4k-token
+    prompt (docs/architecture.md). No JSON string holds the key's quotes unescaped, so a match is the key."""
+    found = _CHAT_PROMPT_IDS.search(raw)
+    if found is None:
+        return raw
+    return raw[:found.start()] + b'"prompt_token_ids":null' + raw[raw.index(b"]", found.end()) + 1:]
 
 
 def _only_token(choice: dict[str, Any]) -> int:
@@ -224,7 +241,7 @@ def for_client(body: dict[str, Any], first: FirstToken, *, path: str, max_model_
     asked = _asked_tokens(body, path=path)
     if first.finish_reason != "length" or (asked is not None and asked <= 1):
         return first
-    if max_model_len is not None and len(first.prompt_token_ids) + 1 >= max_model_len:
+    if max_model_len is not None and first.prompt_tokens + 1 >= max_model_len:
         return first
     return replace(first, finish_reason=None)
 

@@ -48,7 +48,7 @@ def make_lead(body: dict[str, Any], first: FirstToken, kv: KVTransferParams, *,
                     text=text if field in ("text", "content") else str((first.delta or {}).get(field or "", "")),
                     text_field=field)
         return {**continuation, "kv_transfer_params": dict(kv.fields)}, lead
-    fields = kv.fields_for_prompt(len(first.prompt_token_ids) + 1)
+    fields = kv.fields_for_prompt(first.prompt_tokens + 1)
     if fields is None:
         return Reason.BLOCKS_UNMAPPED
     continuation = {**body, **resume.shorter_limits(body, 1, path=path),

@@ -9,7 +9,7 @@ from typing import Any
 import pydantic_core
 
 from pdserve.errors import LegFailed
-from pdserve.pd import first_token, kv_proof, legs
+from pdserve.pd import first_token, kv_proof, legs, resume
 from pdserve.pd.engine_http import EngineClient
 from pdserve.pd.engine_reply import EngineUnreachable
 from pdserve.pd.kv import REMOTE_DECODE_REQUEST, KVTransferParams
@@ -72,7 +72,9 @@ async def run(
                                trace_headers=trace_headers)
     try:
         async with asyncio.timeout_at(deadline_s):
-            reply = pydantic_core.from_json(await response.read())
+            raw = await response.read()
+            reply = pydantic_core.from_json(first_token.without_chat_prompt_ids(raw) if wants_first_token and
+                                            url.endswith(resume.CHAT_PATH) else raw)
     except (EngineUnreachable, TimeoutError) as exc:
         raise legs.leg_failed(Role.PREFILL, url, exc, status=200, timeout_s=timeout_s) from exc
     except ValueError as exc:

@@ -20,7 +20,8 @@ WORDS = ["hello", "world", "<", "</", "<t", "<tool", "<think", ">", "{", '"name"
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}}}}]
-FIRST = FirstToken(token_id=0, text="", finish_reason=None, stop_reason=None, prompt_token_ids=(), reply_id="c",
+FIRST = FirstToken(token_id=0, text="", finish_reason=None, stop_reason=None, prompt_tokens=0, prompt_token_ids=(),
+                   reply_id="c",
                    created=1, model="m")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -13,7 +14,7 @@ from pdserve.pd.kv import KVTransferParams
 from pdserve_vllm import STATE_BEFORE_LAST_KEPT_KEY, WHOLE_PROMPT_KEPT_KEY
 
 COMPLETIONS = "/v1/completions"
-FIRST = FirstToken(token_id=7, text=" the", finish_reason="length", stop_reason=None, prompt_token_ids=(1, 2, 3),
+FIRST = FirstToken(token_id=7, text=" the", finish_reason="length", stop_reason=None, prompt_tokens=3, prompt_token_ids=(1, 2, 3),
                    reply_id="cmpl-a", created=1, model="m")
 
 
@@ -70,12 +71,12 @@ def test_with_stop_strings_the_first_tokens_text_is_held_back_as_vllms_detokeniz
     assert first_token.streamed_text(body, "ab.") == text
 
 
-def test_a_chat_reply_is_read_with_its_prompt_ids_beside_the_choices_and_a_hybrids_short_prefill_is_refused() -> None:
-    reply = {"id": "chatcmpl-r", "created": 3, "model": "m", "prompt_token_ids": [1, 2],
+def test_a_chat_reply_is_read_with_its_prompt_counted_by_its_usage_and_a_hybrids_short_prefill_is_refused() -> None:
+    reply = {"id": "chatcmpl-r", "created": 3, "model": "m", "prompt_token_ids": None, "usage": {"prompt_tokens": 2},
              "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"}, "finish_reason": "length",
                           "stop_reason": None, "token_ids": [9]}], "kv_transfer_params": {"remote_num_tokens": 2}}
     first = first_token.read(reply)
-    assert isinstance(first, FirstToken) and (first.token_id, first.text, first.prompt_token_ids) == (9, "Hi", (1, 2))
+    assert isinstance(first, FirstToken) and (first.token_id, first.text, first.prompt_tokens) == (9, "Hi", 2)
     assert first_token.read({**reply, "kv_transfer_params": {"remote_num_tokens": 1}}) is Reason.PREFILL_STOPPED_SHORT
     assert first_token.read({**reply, "choices": [{}]}) is Reason.PREFILL_REPLY_UNREADABLE
 
@@ -83,7 +84,7 @@ def test_a_chat_reply_is_read_with_its_prompt_ids_beside_the_choices_and_a_hybri
 def after_last(message: dict[str, Any], *, last_text: str = "t6", first_text: str = "Hi") -> dict[str, Any]:
     """A hybrid's chat prefill reply that output the prompt's last token (id 3) and then token 9, whose own texts
     (their logprobs entries') are ``last_text`` and ``first_text``."""
-    return {"id": "chatcmpl-r", "created": 3, "model": "m", "prompt_token_ids": [1, 2, 3],
+    return {"id": "chatcmpl-r", "created": 3, "model": "m", "prompt_token_ids": None, "usage": {"prompt_tokens": 3},
             "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": "length",
                          "stop_reason": None, "token_ids": [3, 9],
                          "logprobs": {"content": [{"token": last_text, "logprob": 0.0},
@@ -101,7 +102,7 @@ def test_a_hybrids_chat_prefill_that_sampled_after_the_whole_prompt_leads_with_i
         field: str, text: str, delta: str) -> None:
     last_text = "\n" if text.startswith("\n") else "t6"
     first = first_token.read(after_last({field: text}, last_text=last_text))
-    assert isinstance(first, FirstToken) and (first.token_id, first.prompt_token_ids) == (9, (1, 2, 3))
+    assert isinstance(first, FirstToken) and (first.token_id, first.prompt_tokens) == (9, 3)
     assert first.message == {"role": "assistant", field: delta} and first.text == (delta if field == "content" else "")
 
 
@@ -168,3 +169,18 @@ def test_a_hybrids_whole_prompt_handoff_maps_as_it_is_onto_the_prompt_plus_the_t
     assert kv.fields_for_prompt(20) is None and kv.fields_for_prompt(22) is None
     short = KVTransferParams(fields={**fields, WHOLE_PROMPT_KEPT_KEY: None}, prompt_tokens=20, block_size=16)
     assert not short.is_whole_prompt and short.fields_for_prompt(21) is None  # vLLM's handoff: several groups
+
+
+@pytest.mark.parametrize("separator", [b":", b": "], ids=["vllm", "spaced"])
+def test_a_chat_reply_is_parsed_without_its_prompt_ids_and_a_text_that_names_them_is_left_alone(
+        separator: bytes) -> None:
+    text = '"prompt_token_ids":[1]'  # a message that writes the key: escaped in JSON, so not it
+    raw = json.dumps({"choices": [{"message": {"content": text}, "token_ids": [9]}], "usage": {"prompt_tokens": 3},
+                      "prompt_token_ids": [1, 2, 3], "kv_transfer_params": {"remote_num_tokens": 3}},
+                     separators=(",", separator.decode())).encode()
+
+    reply = json.loads(first_token.without_chat_prompt_ids(raw))
+
+    assert reply["prompt_token_ids"] is None and reply["choices"][0]["message"]["content"] == text
+    assert reply["usage"] == {"prompt_tokens": 3} and reply["kv_transfer_params"] == {"remote_num_tokens": 3}
+    assert first_token.without_chat_prompt_ids(b'{"prompt_token_ids":null}') == b'{"prompt_token_ids":null}'

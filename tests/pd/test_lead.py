@@ -14,7 +14,7 @@ from pdserve.pd.lead import Lead, count_in_usage, drop_echoed, make_lead
 from pdserve_vllm import FIRST_TOKEN_ARG
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
-FIRST = FirstToken(token_id=7, text=" the", finish_reason=None, stop_reason=None, prompt_token_ids=(1, 2, 3),
+FIRST = FirstToken(token_id=7, text=" the", finish_reason=None, stop_reason=None, prompt_tokens=3, prompt_token_ids=(1, 2, 3),
                    reply_id="cmpl-a", created=1, model="m")
 CHAT_FIRST = replace(FIRST, text="Hi", reply_id="chatcmpl-r1", created=5)
 KV = KVTransferParams(fields={"remote_block_ids": [[3]], "remote_engine_id": "p"}, prompt_tokens=3, block_size=16)
