@@ -19,6 +19,9 @@
 #   runs RUNS rounds of the decode engine alone (direct) against PD at DIRECT_RATE (DIRECT_WORKLOAD: 3072-token
 #   completions, or chat: the chat sweep's shared-prefix conversations), for PD's TTFT cost, with
 #   the gateway's and engines' counters around each (ttft-N/metrics-*.txt, for bench/gpu/ttft_split.py).
+#   SHAPE (qwen3-8b; qwen3.5-9b: the hybrid) and KV_BYTES (pd_config.sh's) pick the model and its cache; COMPILE=
+#   (empty) gives pdserve pd_config.sh's default compilation (decode CUDA graphs, no torch.compile) instead of vLLM's.
+#   Issue #42's PD cost over chat: SYSTEM=pdserve SHAPE=qwen3.5-9b KV_BYTES=12884901888 COMPILE= RATE= RUNS=3 DIRECT_WORKLOAD=chat
 # CASE=reference runs the reference's own case instead: Qwen3.5-9B shape, max_model_len 4096, enforce_eager, 3 GiB of
 # KV cache and an L4's share of the GPU per engine (bench/gpu/l4_share.sh), inter-token SLO 100 ms; REF_BATCHING_MS
 # sets the reference's stream_batching_interval_ms (its docs' own knob; unset: Ray's 50 ms), REF_MPS=1 runs the reference's
@@ -30,7 +33,8 @@
 set -u
 SYSTEM=${SYSTEM:?reference or pdserve} RATE=${RATE-2,4,6,8} CHAT_RATE=${CHAT_RATE:-} LOAD_S=${LOAD_S:-20}
 DIRECT_WORKLOAD=${DIRECT_WORKLOAD:-completions} REPEAT=${REPEAT:-1} FIRST_ROUND=${FIRST_ROUND:-1} RUNS=${RUNS:-0} DIRECT_RATE=${DIRECT_RATE:-2} DIRECT_S=${DIRECT_S:-30} DEADLINE_S=${DEADLINE_S:-570}
-SHAPE=qwen3-8b MODEL_DIR=/tmp/q8b ITL_SLO_MS=50 REF_ARGS="" TURNS=4
+SHAPE=${SHAPE:-qwen3-8b} ITL_SLO_MS=50 REF_ARGS="" TURNS=4
+MODEL_DIR=/tmp/$SHAPE; [ "$SHAPE" = qwen3-8b ] && MODEL_DIR=/tmp/q8b  # as pd_config.sh names it
 if [ "${CASE:-}" = reference ]; then
   SHAPE=qwen3.5-9b MODEL_DIR=/tmp/qwen3.5-9b ITL_SLO_MS=100 EAGER=1 MAX_LEN=4096 KV_BYTES=3221225472 MEM=l4 TURNS=3
   source bench/gpu/l4_share.sh
@@ -95,7 +99,7 @@ reference)
   [ "${REF_MPS:-0}" = 1 ] && echo quit | nvidia-cuda-mps-control
   tar czf $D/ray-logs.tgz -C /tmp/ray session_latest/logs 2>/dev/null ;;
 pdserve)
-  PORT=9000 COMPILE=vllm LOG_DIR=/tmp/sbs-logs  # CASE=reference: EAGER=1 above outweighs COMPILE
+  PORT=9000 COMPILE=${COMPILE-vllm} LOG_DIR=/tmp/sbs-logs  # CASE=reference: EAGER=1 above outweighs COMPILE
   source bench/gpu/pd_config.sh > $D/config.log 2>&1 || { cat $D/config.log; exit 1; }
   cp $CONFIG $D/pd.yaml
   python3 -m pdserve up --config $CONFIG > $D/up.log 2>&1 &
