@@ -34,6 +34,10 @@ class FakeEngine:
     break_stream_after: int | None = None  # drop the connection after N chunks
     error_event_after: int | None = None  # end the stream after N chunks as vLLM does when its engine core dies
     token_delay_s: float = 0.0
+    # Silent this long after N chunks, then on: a starved engine (seen in tests/e2e/test_faults.py beside CPU hogs,
+    # a decode engine sending nothing for 10 s and then finishing its streams).
+    pause_after: int | None = None
+    pause_s: float = 0.0
     streams_closed_early: int = 0
     metrics_text: str = ""  # what GET /metrics answers (vLLM's Prometheus text)
     metrics_when_decoding: str | None = None  # when given, becomes metrics_text as the first decoded token goes out
@@ -188,7 +192,7 @@ class FakeEngine:
                     error = {"message": "EngineCore encountered an issue.", "type": "InternalServerError", "code": 500}
                     yield f"data: {json.dumps({'error': error})}\n\ndata: [DONE]\n\n".encode()
                     return
-                await asyncio.sleep(self.token_delay_s)
+                await asyncio.sleep(self.pause_s if index == self.pause_after else self.token_delay_s)
                 if index == 0 and self.metrics_when_decoding is not None:  # the KV pull ends before decoding starts
                     self.metrics_text = self.metrics_when_decoding
                 delta = {"content": word} if self.chat_deltas is None else self.chat_deltas[index]

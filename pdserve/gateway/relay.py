@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
+from enum import Enum
 from typing import Any
 
 from pdserve.errors import LegFailed, PdserveError
@@ -37,6 +38,13 @@ from pdserve.routing.decision import Mode
 from pdserve.routing.pool import Endpoint
 
 log = logging.getLogger(__name__)
+class Step(Enum):
+    """Where a stream goes on after its decode leg failed or fell silent (``Relay._resume``)."""
+
+    MOVED = "moved"  # to another decode engine
+    KEPT = "kept"  # on the silent one: no other could take it
+
+
 class Relay:
     """Relays the decode engine's reply to the client, moves it to another decode engine when
     that engine fails, and records its timing. After the first token a stream's chunks go from the
@@ -163,19 +171,22 @@ class Relay:
                             return
                         self._drop_role = bool(sent) and self._call.path == resume.CHAT_PATH
                         continue
+                    is_silent = isinstance(exc, TimeoutError)
                     failure = legs.leg_failed(Role.DECODE, self._leg.endpoint.url, exc, status=200,
                                               timeout_s=self._spec.decode_idle_timeout_s)
                 except EngineErrorEvent as exc:  # the request failed there, not in its input: go on elsewhere
                     if exc.before:
                         sent.append(exc.before)
                         yield exc.before
+                    is_silent = False
                     failure = LegFailed(Role.DECODE, self._leg.endpoint.url, 200, f"its stream ended in its own error event {exc}")
-                ending = await self._resume(failure)
-                if ending is not None:
-                    yield ending
+                step = await self._resume(failure, is_silent=is_silent)
+                if isinstance(step, bytes):
+                    yield step
                     return
-                # A resumed chat opens with a role event the client had; a forced lead's echo drop takes it itself.
-                self._drop_role = bool(sent) and self._call.path == resume.CHAT_PATH and not self._echoed_left
+                if step is Step.MOVED:
+                    # A resumed chat opens with a role event the client had; a forced lead's echo drop takes it itself.
+                    self._drop_role = bool(sent) and self._call.path == resume.CHAT_PATH and not self._echoed_left
         finally:
             self.finish()
 
@@ -272,32 +283,48 @@ class Relay:
         self._opening = None
         return None
 
-    async def _resume(self, failure: LegFailed) -> bytes | None:
-        """Move the stream to another decode engine; None if it moved, else the bytes that end it."""
+    async def _resume(self, failure: LegFailed, *, is_silent: bool) -> bytes | Step:
+        """Move the stream to another decode engine (MOVED), else the bytes that end it. An engine that is
+        only silent (``is_silent``) keeps a stream no other engine can take (KEPT) until the request's
+        deadline: on a starved machine an engine can pause past decode_idle_timeout_s, and ending the
+        stream there helps nobody."""
         assert self._leg is not None
-        log.error("request_id=%s role=decode endpoint=%s stream broke: %s",
-                  self._call.request_id, self._leg.endpoint.url, failure)
-        self._leg.trace.failed(failure)
         # The client has seen nothing, or only the prefill engine's token: the rest goes elsewhere whole.
         whole = self._call.body if not self._sent else (
             self._lead.continuation if self._lead is not None and len(self._sent) == 1 else None)
-        if whole is not None:
-            if not await self._switch(failure, whole):
-                return self._record.error_event("the decode engine failed", "decode_stream_failed")
-            if self._lead is not None and self._sent:  # the new engine writes a forced lead's token again
+        body, why_not = (whole, None) if whole is not None else self._continuation()
+        if body is None and why_not is None:
+            self._log_broken(failure)
+            return SSE_DONE  # only the end marker was lost
+        if body is not None and await self._switch(failure, body, keep=is_silent):
+            if whole is not None and self._lead is not None and self._sent:  # the new engine writes a forced lead's token again
                 self._echoed_left = self._lead.echoed_events
-            return None
+            return Step.MOVED
+        if is_silent:
+            if time.perf_counter() > self._deadline_s:
+                return self._record.error_event("the request ran past its deadline", "request_timeout")
+            log.warning("request_id=%s no other decode engine can take the stream (%s): waiting on it",
+                        self._call.request_id, why_not or failure)
+            self._leg.response.wait_longer()
+            return Step.KEPT
+        if why_not is not None:
+            self._log_broken(failure)
+            log.warning("request_id=%s stream not resumed: %s", self._call.request_id, why_not)
+        return self._record.error_event("the decode engine failed" if whole is not None else "the decode engine's stream broke",
+                                        "decode_stream_failed")
+
+    def _continuation(self) -> tuple[dict[str, Any] | None, str | None]:
+        """The request that generates the rest of the stream elsewhere, or why there is none; (None, None): the
+        stream had finished but for its end marker."""
         sent = resume.read_sent(self._sent, path=self._call.path)
         if sent.is_finished:
-            return SSE_DONE  # only the end marker was lost
-        reason = resume.why_not_resumable(self._call.body, path=self._call.path) or (
+            return None, None
+        why_not = resume.why_not_resumable(self._call.body, path=self._call.path) or (
             None if sent.is_readable else "a reply the gateway cannot read back") or (
             None if self._spec.resume_streams else "gateway.resume_streams is off")
-        if reason is not None:
-            log.warning("request_id=%s stream not resumed: %s", self._call.request_id, reason)
-        elif await self._switch(failure, resume.continuation_body(self._call.body, sent, path=self._call.path)):
-            return None
-        return self._record.error_event("the decode engine's stream broke", "decode_stream_failed")
+        if why_not is not None:
+            return None, why_not
+        return resume.continuation_body(self._call.body, sent, path=self._call.path), None
 
     def _first_timeout_s(self, timeout_s: float) -> float:
         """A stream's wait for the decode engine's first token: while a KV handoff is pending, at most
@@ -318,18 +345,23 @@ class Relay:
         whole = self._call.body if not self._sent else self._lead.continuation if self._lead is not None else None
         return whole is not None and await self._switch(None, whole, again=endpoint)
 
-    async def _switch(self, failure: LegFailed | None, body: dict[str, Any], *, again: Endpoint | None = None) -> bool:
-        """Close the leg (``failure``: counted against its engine) and open ``body`` on another decode
-        engine, or on ``again``; False if none took it."""
+    async def _switch(self, failure: LegFailed | None, body: dict[str, Any], *, again: Endpoint | None = None,
+                      keep: bool = False) -> bool:
+        """Open ``body`` on another decode engine, or on ``again``, and close the leg (``failure``: counted
+        against its engine); False if none took it. ``keep``: the leg closes only once another opened, and
+        stays untouched if none did."""
         assert self._leg is not None
-        if failure is not None:
-            self._leg_failed(self._leg.endpoint, self._call.request_id, failure, is_unreachable=False)
-        self._leg.close()
+        if not keep:
+            self._leave_leg(failure)
         try:
-            self._leg = await self._reopen(body, again)
+            leg = await self._reopen(body, again)
         except PdserveError as exc:
-            log.error("request_id=%s no other decode engine took the request: %s", self._call.request_id, exc)
+            if not keep:
+                log.error("request_id=%s no other decode engine took the request: %s", self._call.request_id, exc)
             return False
+        if keep:
+            self._leave_leg(failure)
+        self._leg = leg
         self._prefill_done_s = None  # what follows is not a KV handoff
         if self._kv_outcome is KvOutcome.UNKNOWN:
             self._kv_outcome = None  # nor can its usage judge one
@@ -337,6 +369,20 @@ class Relay:
         log.warning("request_id=%s moved to decode engine %s after %d chunk(s)",
                     self._call.request_id, self._leg.endpoint.url, len(self._sent))
         return True
+
+    def _leave_leg(self, failure: LegFailed | None) -> None:
+        """Close the decode leg; ``failure``: logged and counted against its engine."""
+        assert self._leg is not None
+        if failure is not None:
+            self._log_broken(failure)
+            self._leg_failed(self._leg.endpoint, self._call.request_id, failure, is_unreachable=False)
+        self._leg.close()
+
+    def _log_broken(self, failure: LegFailed) -> None:
+        assert self._leg is not None
+        log.error("request_id=%s role=decode endpoint=%s stream broke: %s",
+                  self._call.request_id, self._leg.endpoint.url, failure)
+        self._leg.trace.failed(failure)
 
     def _handoff_done(self, now_s: float) -> None:
         """The decode engine's first token: the KV handoff is over."""

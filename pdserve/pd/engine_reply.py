@@ -112,6 +112,13 @@ class EngineReply:
         self._is_closed = True
         self._connection.finish(reuse=self._is_complete)
 
+    def wait_longer(self) -> None:
+        """After ``chunks`` gave up on a silent engine, the next ``chunks`` waits on for its bytes (the
+        relay had nowhere to move the stream)."""
+        if isinstance(self._error, TimeoutError):  # the relay thread's idle end; the loop's own is not kept
+            self._error = None
+        self._connection.resume_reading()
+
     @property
     def may_hand_over(self) -> bool:
         """The parser stands between two chunks of a chunked body with nothing of it unread here."""

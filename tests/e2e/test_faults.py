@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import time
@@ -128,6 +129,16 @@ def stream(stack: Stack, *, max_tokens: int, stop_after_chunks: int | None = Non
     return result
 
 
+def broken_streams(stack: Stack, results: list[StreamResult]) -> str:
+    """What went wrong with the streams that did not complete: their last events, and the gateway's log
+    lines of their request ids (a flake on a busy CI machine is read from this message alone)."""
+    broken = [result for result in results if not result.is_complete]
+    ids = {match.group(1) for result in broken for event in result.events
+           if (match := re.search(r"request id ([0-9a-f]+)", event))}
+    lines = [line.rstrip() for line in list(stack.output) if any(request_id in line for request_id in ids)]
+    return "\n".join([repr(result.events[-2:]) for result in broken] + ["gateway log:"] + lines)
+
+
 def _text(event: str) -> str:
     return json.loads(event[6:])["choices"][0]["text"] if event.startswith("data: {") and '"error"' not in event else ""
 
@@ -175,13 +186,16 @@ def streams_through_a_fault(stack: Stack, *, kill: bool, count: int = 4,
     later are ones it holds unfinished, whatever a client has read (on a busy machine a client reads
     seconds behind, when its engine may be done and the rest waits in socket buffers). Past their
     first token, they move once silent for decode_idle_timeout_s."""
+    missed: list[str] = []
     for _ in range(batches):
         handoffs_before = gateway_metric(stack, KV_HANDOFFS)
         with ThreadPoolExecutor(count) as pool:
             futures = [pool.submit(stream, stack, max_tokens=LONG_STREAM_TOKENS) for _ in range(count)]
             fault = _stop_an_engine_holding_streams(stack, futures, first_tokens=handoffs_before + count)
             if fault is None:
-                assert all(future.result().is_complete for future in futures)
+                results = [future.result() for future in futures]
+                assert all(result.is_complete for result in results), broken_streams(stack, results)
+                missed.append(f"{gateway_metric(stack, KV_HANDOFFS) - handoffs_before:g} handoffs")
                 continue
             if kill:
                 fault.process.send_signal(signal.SIGKILL)
@@ -190,7 +204,8 @@ def streams_through_a_fault(stack: Stack, *, kill: bool, count: int = 4,
             finally:
                 if not kill:
                     fault.process.send_signal(signal.SIGCONT)
-    raise AssertionError(f"in {batches} batches of {count} streams, none was held unfinished by a stopped engine")
+    raise AssertionError(f"in {batches} batches of {count} streams, none was held unfinished by a stopped engine "
+                         f"({', '.join(missed)}); gateway log:\n" + "".join(stack.output[-40:]))
 
 
 def _stop_an_engine_holding_streams(stack: Stack, futures: list[Future[StreamResult]], *,
@@ -260,7 +275,7 @@ def test_a_stalled_decode_engine_sigstop_its_streams_go_on_from_the_other(stack:
     urls = engine_urls(stack)
     failed_before = gateway_metric(stack, DECODE_LEG_FAILURES, role="decode")
     results, fault = streams_through_a_fault(stack, kill=False)
-    assert all(result.is_complete for result in results), [r.events[-2:] for r in results]
+    assert all(result.is_complete for result in results), broken_streams(stack, results)
     # Each stream it held failed there once and went on from the other.
     assert gateway_metric(stack, DECODE_LEG_FAILURES, role="decode") >= failed_before + fault.streams_held
     assert all(result.text.count(" ") > 10 for result in results)
@@ -294,7 +309,7 @@ def test_kill_9_of_a_decode_engine_mid_stream_every_stream_completes(stack: Stac
     # Two streams: on a busy machine four prefills in a row can take as long as the first stream's decode,
     # and by the fourth first token the engine holding most had finished (seen beside a CPU hog).
     results, fault = streams_through_a_fault(stack, kill=True, count=2)
-    assert all(result.is_complete for result in results), [r.events[-2:] for r in results]
+    assert all(result.is_complete for result in results), broken_streams(stack, results)
     assert gateway_metric(stack, DECODE_LEG_FAILURES, role="decode") >= failed_before + fault.streams_held
     # Greedy, and resumed from the text sent: the words of a stream nobody broke, as far as the
     # fault at least (batched with others, an engine's bf16 sums can tip a near tie later on).

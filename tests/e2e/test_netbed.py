@@ -151,7 +151,8 @@ def test_a_partition_between_gateway_and_decode_mid_stream_ends_it_with_an_error
         deployment: Deployment) -> None:
     """One decode engine, so the stream has nowhere to move on to (with another it would, as for a killed
     engine: tests/e2e/test_faults.py): the silent link fails the stream's connection within
-    link_timeout_s (decode_idle_timeout_s otherwise), and the client gets one error event, not a hang.
+    link_timeout_s (silence alone keeps a stream with nowhere to go on its engine: gateway/relay.py), and the
+    client gets one error event, not a hang.
     On a busy machine a client can read seconds behind its stream: a stream whose engine had sent it all
     before the cut must be whole and recorded ok, and the next one is cut."""
     for attempt in range(1, CUT_ATTEMPTS + 1):

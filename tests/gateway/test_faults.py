@@ -12,6 +12,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import aiohttp
+import pytest
 
 from pdserve.gateway.app import build_app
 from pdserve.pd.decode import RELEASE_MODEL
@@ -102,6 +103,28 @@ async def test_mid_stream_failure_continues_on_the_other_decode_engine() -> None
     # The second engine broke too, after its own two words: the client got four, then the error.
     assert text_of(payload.split(b"data: {\"error\"")[0]) == "".join(WORDS[:2]) * 2
     assert 'pdserve_decode_switches_total{kind="resumed"} 1.0' in metrics
+
+
+@pytest.mark.parametrize("native_relay", [True, False])  # the relay thread's idle end, and the event loop's
+async def test_a_silent_decode_engine_keeps_a_stream_no_other_engine_can_take(native_relay: bool) -> None:
+    prefill, slow = FakeEngine(), FakeEngine()
+    async with gateway_over([prefill], [slow], decode_idle_timeout_s=0.2, native_relay=native_relay) as base:
+        slow.pause_after, slow.pause_s = 2, 0.7  # three idle timeouts' worth: waited on each time
+        status, payload = await post(base, {"model": MODEL, "prompt": "hi", "stream": True})
+        metrics = await metrics_of(base)
+    assert status == 200 and text_of(payload) == "".join(WORDS) and payload.endswith(b"data: [DONE]\n\n")
+    assert slow.streams_closed_early == 0 and len(slow.bodies) == 1  # neither aborted nor sent again
+    assert "pdserve_decode_switches_total{" not in metrics
+
+
+async def test_a_silent_decode_engine_keeps_its_stream_only_until_the_request_deadline() -> None:
+    prefill, slow = FakeEngine(), FakeEngine()
+    async with gateway_over([prefill], [slow], decode_idle_timeout_s=0.1, request_timeout_s=0.5) as base:
+        slow.pause_after, slow.pause_s = 2, 30
+        status, payload = await post(base, {"model": MODEL, "prompt": "hi", "stream": True})
+        closed_early = await slow.closed_early_within()
+    assert status == 200 and b"request_timeout" in payload and payload.endswith(b"data: [DONE]\n\n")
+    assert closed_early == 1  # aborted on the engine once the deadline passed
 
 
 async def test_an_engine_ending_its_stream_with_its_own_error_event_is_resumed_on_the_other() -> None:
