@@ -219,8 +219,12 @@ def _stop_an_engine_holding_streams(stack: Stack, futures: list[Future[StreamRes
             process = engine_process(url)
             process.send_signal(signal.SIGSTOP)
             try:
+                moved_before = gateway_metric(stack, DECODE_LEG_FAILURES, role="decode")
                 time.sleep(SETTLE_S)
-                if held := decode_in_flight(stack)[url]:
+                # Held: the streams still on it, and those the gateway moved off it meanwhile (silent past
+                # decode_idle_timeout_s: on a busy machine these reads have taken that long).
+                if held := decode_in_flight(stack)[url] + int(
+                        gateway_metric(stack, DECODE_LEG_FAILURES, role="decode") - moved_before):
                     return Fault(url, process, held)
             except BaseException:
                 process.send_signal(signal.SIGCONT)
