@@ -38,6 +38,8 @@ from pdserve.routing.decision import Mode
 from pdserve.routing.pool import Endpoint
 
 log = logging.getLogger(__name__)
+
+
 class Step(Enum):
     """Where a stream goes on after its decode leg failed or fell silent (``Relay._resume``)."""
 
