@@ -91,7 +91,7 @@ def main() -> None:
         print(json.dumps({"transfers": sum(ray[0] for ray in rays), "gb": None, "transfer_s": None, "gb_per_s": None,
                           "gb_bounds": [_finite(gb[0], 2), _finite(gb[1], 2)],
                           "transfer_s_bounds": [_finite(span[0], 3), _finite(span[1], 3)],
-                          "gb_per_s_bounds": [_finite(gb[0] / span[1], 1) if math.isfinite(span[1]) else None,
+                          "gb_per_s_bounds": [_finite(gb[0] / span[1], 1) if span[1] and math.isfinite(span[1]) else None,
                                               _finite(gb[1] / span[0], 1) if span[0] else None]}))
         return
     transfers, moved_bytes, seconds = 0, 0.0, 0.0

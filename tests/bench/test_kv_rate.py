@@ -73,3 +73,12 @@ def test_rays_export_gives_the_bounds_its_buckets_hold_not_its_rebuilt_sum(tmp_p
 def test_files_add_up_and_nothing_to_read_is_no_rate(tmp_path: Path) -> None:
     assert kv_rate(tmp_path, LOG, ENGINE_SCRAPE)["transfers"] == 36
     assert kv_rate(tmp_path, "no statistics here\n") == {"transfers": 0, "gb": 0.0, "transfer_s": 0.0, "gb_per_s": None}
+
+
+def test_a_ray_scrape_before_any_transfer_is_no_rate(tmp_path: Path) -> None:
+    empty = "".join(f'ray_vllm_nixl_{metric}_bucket{{le="{edge}",replica="a"}} 0\n'
+                    for metric, edge in (("bytes_transferred", "1e+06"), ("bytes_transferred", "+Inf"),
+                                         ("xfer_time_seconds", "0.1"), ("xfer_time_seconds", "+Inf")))
+    assert kv_rate(tmp_path, empty) == {"transfers": 0, "gb": None, "transfer_s": None, "gb_per_s": None,
+                                        "gb_bounds": [0.0, 0.0], "transfer_s_bounds": [0.0, 0.0],
+                                        "gb_per_s_bounds": [None, None]}
