@@ -39,6 +39,9 @@ class FakeEngine:
     pause_after: int | None = None
     pause_s: float = 0.0
     streams_closed_early: int = 0
+    # What GET /health answers: vLLM's is 200, or 503 once its engine core is dead (entrypoints/serve/instrumentator/
+    # health.py: EngineDeadError); a starved engine answers nothing within the probe's timeout, read as the same.
+    health_status: int = 200
     metrics_text: str = ""  # what GET /metrics answers (vLLM's Prometheus text)
     metrics_when_decoding: str | None = None  # when given, becomes metrics_text as the first decoded token goes out
     decode_gate: asyncio.Event | None = None  # when given, decode requests wait for it before answering
@@ -68,7 +71,7 @@ class FakeEngine:
         routes = [
             Route("/v1/completions", self._complete, methods=["POST"]),
             Route("/v1/chat/completions", self._complete, methods=["POST"]),
-            Route("/health", lambda _request: Response(), methods=["GET"]),
+            Route("/health", lambda _request: Response(status_code=self.health_status), methods=["GET"]),
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/metrics", lambda _request: Response(self.metrics_text, media_type="text/plain"), methods=["GET"]),
         ]

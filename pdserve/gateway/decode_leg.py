@@ -36,9 +36,11 @@ class LegFailedHook(Protocol):
 
 
 class Reopen(Protocol):
-    """Opens a body on a decode engine not tried yet, or on ``again`` (Orchestrator.run's reopen)."""
+    """Opens a body on a decode engine not tried yet, or on ``again`` (Orchestrator.run's reopen); ``wait``: with
+    none healthy, for one to recover."""
 
-    def __call__(self, body: dict[str, Any], again: Endpoint | None = None) -> Awaitable[DecodeLeg]: ...
+    def __call__(self, body: dict[str, Any], again: Endpoint | None = None, *,
+                 wait: bool = True) -> Awaitable[DecodeLeg]: ...
 
 
 class KvJudgedHook(Protocol):

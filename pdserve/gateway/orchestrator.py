@@ -46,6 +46,7 @@ from pdserve.pd.native_relay import NativeRelay
 from pdserve.role import Role
 from pdserve.routing import breaker
 from pdserve.routing.decision import Mode
+from pdserve.routing.health import WAITING_PROBE_INTERVAL_S
 from pdserve.routing.policy import Policy
 from pdserve.routing.pool import Endpoint, Pool
 from pdserve.routing.prefix import PromptKey
@@ -114,8 +115,9 @@ class Orchestrator:
         tried: list[Endpoint] = []
 
         async def open_leg(*, over_cap: bool = False) -> DecodeLeg:
-            try:
-                leg = await self._open_decode(call, decode_body, tried, decode_policy, over_cap=over_cap)
+            try:  # over_cap: behind a lead the client has, so it waits for a decode engine to recover too
+                leg = await self._open_decode(call, decode_body, tried, decode_policy, over_cap=over_cap,
+                                              wait=over_cap)
             except BaseException:
                 if kv is not None and not tried:  # no decode engine ever saw this handoff
                     self._release(kv, call.request_id)
@@ -127,11 +129,11 @@ class Orchestrator:
         # now (it was admitted: over_cap); else the leg opens first, so a full pool still answers 429.
         # Nothing else there refuses what the prefill engine took: vLLM caps max_tokens at the context
         # left (get_max_tokens, vLLM 0.26 and 0.32) rather than refusing it.
-        def reopen(body: dict[str, Any], again: Endpoint | None = None) -> Awaitable[DecodeLeg]:
+        def reopen(body: dict[str, Any], again: Endpoint | None = None, *, wait: bool = True) -> Awaitable[DecodeLeg]:
             """``body`` on a decode engine not tried yet, or ``again`` (its pull was lost, not its fault)."""
             if again is not None and again in tried:
                 tried.remove(again)
-            return self._open_decode(call, body, tried, decode_policy, over_cap=True)
+            return self._open_decode(call, body, tried, decode_policy, over_cap=True, wait=wait)
 
         leg: DecodeLeg | asyncio.Task[DecodeLeg]
         is_pull_lost = False
@@ -283,27 +285,30 @@ class Orchestrator:
         return replace(kv, prefill_url=endpoint.url, block_size=int(endpoint.load.block_size))
 
     async def _open_decode(self, call: Call, body: dict[str, Any], tried: list[Endpoint], policy: Policy, *,
-                           over_cap: bool = False) -> DecodeLeg:
+                           over_cap: bool = False, wait: bool = False) -> DecodeLeg:
         """Send ``body`` to a decode engine not in ``tried`` (which grows by each one tried);
-        ``over_cap`` for a request moving off a failed one (``Admission.engines_with_room``).
+        ``over_cap`` for a request moving off a failed one (``Admission.engines_with_room``);
+        ``wait``: with none healthy, wait as long as for a first token for one to recover.
 
         A stream waits at most ``first_token_timeout_s`` for its headers; a whole reply, whose
         headers come with its last token, until the request's deadline.
         """
-        timeout_s = call.time_left_s(self._spec)
-        if call.is_stream:
-            timeout_s = min(timeout_s, self._spec.first_token_timeout_s)
+        def timeout_s() -> float:
+            left_s = call.time_left_s(self._spec)
+            return min(left_s, self._spec.first_token_timeout_s) if call.is_stream else left_s
+
         stack = ExitStack()
 
         async def attempt(endpoint: Endpoint) -> tuple[EngineReply, LegTrace]:
             trace = call.trace.leg(Role.DECODE, endpoint.url)
             with trace.attempt():
                 return await decode.open_stream(self._client, endpoint.url + call.path, body, request_id=call.request_id,
-                                                timeout_s=timeout_s, trace_headers=trace.headers), trace
+                                                timeout_s=timeout_s(), trace_headers=trace.headers), trace
 
         try:
             endpoint, (response, trace) = await self._failover(Role.DECODE, call.request_id, stack, tried, policy,
-                                                               attempt, over_cap=over_cap)
+                                                               attempt, over_cap=over_cap,
+                                                               wait_s=timeout_s() if wait else 0.0)
         except BaseException:
             stack.close()
             raise
@@ -311,20 +316,24 @@ class Orchestrator:
 
     async def _failover(
         self, role: Role, request_id: str, stack: ExitStack, tried: list[Endpoint], policy: Policy,
-        attempt: Callable[[Endpoint], Awaitable[T]], *, over_cap: bool = False,
+        attempt: Callable[[Endpoint], Awaitable[T]], *, over_cap: bool = False, wait_s: float = 0.0,
     ) -> tuple[Endpoint, T]:
         """Run ``attempt`` on the endpoint ``policy`` chooses among those not in ``tried``; on
-        LegFailed try the next healthy one.
+        LegFailed try the next healthy one; with none left, wait up to ``wait_s`` for one to recover.
 
         Safe because a failed leg produced nothing the client saw. While every candidate is at
         ``max_in_flight_per_engine``, waits in line (raises Overloaded past the queue's bounds), unless ``over_cap``.
         The chosen endpoint's engine slot is held on ``stack`` until the caller closes it.
         """
+        def untried() -> list[Endpoint]:
+            return [endpoint for endpoint in self._pool.healthy(role) if endpoint not in tried]
+
         last_error: LegFailed | None = None
         for _ in range(self._spec.leg_attempts):
-            candidates = await self._admission.engines_with_room(
-                role, lambda: [endpoint for endpoint in self._pool.healthy(role) if endpoint not in tried],
-                over_cap=over_cap)
+            candidates = await self._admission.engines_with_room(role, untried, over_cap=over_cap)
+            if not candidates and wait_s > 0 and await self._one_recovers(role, request_id, tried, wait_s=wait_s):
+                wait_s = 0.0
+                candidates = await self._admission.engines_with_room(role, untried, over_cap=over_cap)
             if not candidates:
                 break
             endpoint = policy.choose(candidates)
@@ -343,6 +352,21 @@ class Orchestrator:
         if last_error is not None:
             raise last_error
         raise NoHealthyEndpoint(role)
+
+    async def _one_recovers(self, role: Role, request_id: str, tried: list[Endpoint], *, wait_s: float) -> bool:
+        """Whether an engine of ``role`` not in ``tried``, unhealthy or ejected now, is back within ``wait_s``.
+        A request the client has part of waits for it rather than ending: on a starved host a busy engine
+        misses its health probes for seconds and is back the next moment (tests/e2e/test_faults.py)."""
+        if all(endpoint in tried for endpoint in self._pool.all(role)):
+            return False
+        log.warning("request_id=%s no healthy %s engine left to take the request: waiting up to %.0f s for one "
+                    "to recover", request_id, role.value, wait_s)
+        deadline_s = time.monotonic() + wait_s
+        while (left_s := deadline_s - time.monotonic()) > 0:
+            await asyncio.sleep(min(left_s, WAITING_PROBE_INTERVAL_S))  # the probe's pace while a role has none
+            if any(endpoint not in tried for endpoint in self._pool.healthy(role)):
+                return True
+        return False
 
     def kv_judged(self, kv: KVTransferParams, request_id: str, *, outcome: KvOutcome,
                   reason: RecomputeReason | None, decode_url: str) -> None:

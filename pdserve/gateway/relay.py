@@ -356,7 +356,7 @@ class Relay:
         if not keep:
             self._leave_leg(failure)
         try:
-            leg = await self._reopen(body, again)
+            leg = await self._reopen(body, again, wait=not keep)  # a silent leg kept meanwhile is not read
         except PdserveError as exc:
             if not keep:
                 log.error("request_id=%s no other decode engine took the request: %s", self._call.request_id, exc)

@@ -51,13 +51,11 @@ def stream(stack: Stack, path: str, body: dict[str, Any], *, headers: dict[str, 
 def assert_one_engines_stream(pd: list[Any], local: list[Any]) -> None:
     """``pd`` is ``local``, event by event. Where vLLM's server fell behind its engine it writes two steps as
     one event (v1/engine/output_processor.py, RequestOutputCollector merges deltas), on a loaded 2-core machine
-    sometimes; then the events are compared up to where either side merged, and the rest as one text."""
-    if len(pd) == len(local):
-        assert pd == local
-        return
-    assert pd[:2] == local[:2]  # the role event and the first token's: the gateway's own, from the prefill leg
+    sometimes, either side, the first token's event too (seen in CI); so the events are compared up to where one
+    side merged, and the rest as one text."""
+    merged = next((at for at, (ours, theirs) in enumerate(zip(pd, local)) if ours != theirs), min(len(pd), len(local)))
+    assert joined(pd[merged:]) == joined(local[merged:])
     assert pd[-2:] == local[-2:]  # the usage event and [DONE]
-    assert joined(pd) == joined(local)
 
 
 def joined(events: list[Any]) -> tuple[str, list[Any]]:

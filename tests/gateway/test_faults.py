@@ -105,6 +105,37 @@ async def test_mid_stream_failure_continues_on_the_other_decode_engine() -> None
     assert 'pdserve_decode_switches_total{kind="resumed"} 1.0' in metrics
 
 
+async def test_a_broken_stream_waits_for_the_other_decode_engine_to_recover_rather_than_ending() -> None:
+    prefill, breaking, recovering = FakeEngine(), FakeEngine(), FakeEngine()
+    async with gateway_over([prefill], [breaking, recovering], unhealthy_after_failures=1) as base:
+        recovering.health_status = 503  # its probes fail while the stream starts, and after it breaks
+        while await healthy_decode_engines(base) != 1:
+            await asyncio.sleep(0.05)
+        breaking.break_stream_after = 2
+        breaking.pause_after, breaking.pause_s = 1, 0.6  # the stream breaks once the gateway waits for its next chunk
+
+        async def recover() -> None:
+            while len(breaking.bodies) == 0:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(1.0)  # past the break: the gateway waits
+            recovering.health_status = 200
+
+        recovery = asyncio.create_task(recover())
+        status, payload = await post(base, {"model": MODEL, "prompt": "hi", "stream": True, "max_tokens": 9})
+        await recovery
+        metrics = await metrics_of(base)
+    # Two words from the engine that broke, then the recovered one's: the fake starts its words over.
+    assert status == 200 and text_of(payload) == "".join(WORDS[:2]) + "".join(WORDS[:7])
+    resumed = [body for body in recovering.bodies if "kv_transfer_params" not in body]  # not the handoff's release
+    assert payload.endswith(b"data: [DONE]\n\n") and [body["prompt"] for body in resumed] == ["hi" + "".join(WORDS[:2])]
+    assert 'pdserve_decode_switches_total{kind="resumed"} 1.0' in metrics
+
+
+async def healthy_decode_engines(base: str) -> int:
+    async with aiohttp.ClientSession() as session, session.get(base + "/health") as reply:
+        return int((await reply.json())["healthy_engines"]["decode"])
+
+
 @pytest.mark.parametrize("native_relay", [True, False])  # the relay thread's idle end, and the event loop's
 async def test_a_silent_decode_engine_keeps_a_stream_no_other_engine_can_take(native_relay: bool) -> None:
     prefill, slow = FakeEngine(), FakeEngine()
