@@ -331,7 +331,8 @@ class Orchestrator:
         last_error: LegFailed | None = None
         for _ in range(self._spec.leg_attempts):
             candidates = await self._admission.engines_with_room(role, untried, over_cap=over_cap)
-            if not candidates and wait_s > 0 and await self._one_recovers(role, request_id, tried, wait_s=wait_s):
+            if not candidates and wait_s > 0 and await self._one_recovers(role, request_id, tried, untried,
+                                                                          wait_s=wait_s):
                 wait_s = 0.0
                 candidates = await self._admission.engines_with_room(role, untried, over_cap=over_cap)
             if not candidates:
@@ -353,8 +354,9 @@ class Orchestrator:
             raise last_error
         raise NoHealthyEndpoint(role)
 
-    async def _one_recovers(self, role: Role, request_id: str, tried: list[Endpoint], *, wait_s: float) -> bool:
-        """Whether an engine of ``role`` not in ``tried``, unhealthy or ejected now, is back within ``wait_s``.
+    async def _one_recovers(self, role: Role, request_id: str, tried: list[Endpoint],
+                            untried: Callable[[], list[Endpoint]], *, wait_s: float) -> bool:
+        """Whether an engine of ``role`` not in ``tried``, unhealthy or ejected now, is back (``untried``) within ``wait_s``.
         A request the client has part of waits for it rather than ending: on a starved host a busy engine
         misses its health probes for seconds and is back the next moment (tests/e2e/test_faults.py)."""
         if all(endpoint in tried for endpoint in self._pool.all(role)):
@@ -364,7 +366,7 @@ class Orchestrator:
         deadline_s = time.monotonic() + wait_s
         while (left_s := deadline_s - time.monotonic()) > 0:
             await asyncio.sleep(min(left_s, WAITING_PROBE_INTERVAL_S))  # the probe's pace while a role has none
-            if any(endpoint not in tried for endpoint in self._pool.healthy(role)):
+            if untried():
                 return True
         return False
 
