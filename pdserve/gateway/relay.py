@@ -291,9 +291,7 @@ class Relay:
         deadline: on a starved machine an engine can pause past decode_idle_timeout_s, and ending the
         stream there helps nobody."""
         assert self._leg is not None
-        # The client has seen nothing, or only the prefill engine's token: the rest goes elsewhere whole.
-        whole = self._call.body if not self._sent else (
-            self._lead.continuation if self._lead is not None and len(self._sent) == 1 else None)
+        whole = self._whole_body()
         body, why_not = (whole, None) if whole is not None else self._continuation()
         if body is None and why_not is None:
             self._log_broken(failure)
@@ -344,8 +342,15 @@ class Relay:
         self._kv_outcome = KvOutcome.RECOMPUTED
         self._kv_judged(self._kv, self._call.request_id, outcome=KvOutcome.RECOMPUTED,
                         reason=RecomputeReason.PULL_TIMEOUT, decode_url=endpoint.url)
-        whole = self._call.body if not self._sent else self._lead.continuation if self._lead is not None else None
+        whole = self._whole_body()
         return whole is not None and await self._switch(None, whole, again=endpoint)
+
+    def _whole_body(self) -> dict[str, Any] | None:
+        """The request that writes the whole reply on another engine: the client's own while it has seen
+        nothing, the lead's continuation while it has only the prefill engine's token; None after that."""
+        if not self._sent:
+            return self._call.body
+        return self._lead.continuation if self._lead is not None and len(self._sent) == 1 else None
 
     async def _switch(self, failure: LegFailed | None, body: dict[str, Any], *, again: Endpoint | None = None,
                       keep: bool = False) -> bool:
