@@ -5,6 +5,10 @@ long it then waited on the run queue (the second field of /proc/self/task/<tid>/
 A gateway, a health probe or a client on such a host waits as long.
 
     .venv/bin/python bench/run_queue_waits.py --gateway http://127.0.0.1:8000 --batches 3 --out waits.json
+
+``--engine-pids`` with ``--autogroup-nice N`` runs the batches in pairs, side by side on the same engines: one as
+they are, then one with each engine's scheduling group (its session's autogroup, /proc/<pid>/autogroup) at nice N,
+set back to 0 after it (root only: lowering an autogroup's nice needs CAP_SYS_NICE).
 """
 
 from __future__ import annotations
@@ -62,6 +66,12 @@ def batch(args: argparse.Namespace) -> dict[str, Any]:
             "longest_wait_s": round(max(waits), 3), "waits_over_100ms_s": [round(w, 3) for w in waits if w > 0.1]}
 
 
+def set_autogroup_nice(pids: list[int], nice: int) -> None:
+    """Every process in each pid's session shares its autogroup: one write per engine."""
+    for pid in pids:
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gateway", required=True, help="the gateway's base URL")
@@ -69,19 +79,32 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=3968)
     parser.add_argument("--batches", type=int, default=3)
+    parser.add_argument("--engine-pids", type=int, nargs="*", default=[],
+                        help="the engines' API server pids, for the side-by-side pairs")
+    parser.add_argument("--autogroup-nice", type=int, default=10, help="the engines' autogroup nice in each pair's second batch")
     parser.add_argument("--out", type=Path, help="the raw results, as JSON")
     args = parser.parse_args()
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
-    results = {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release(), "batches": []}
-    for index in range(args.batches):
-        result = batch(args) | {"load_average": os.getloadavg()[0]}
-        results["batches"].append(result)
-        print(f"batch {index}: {args.streams} streams of {args.max_tokens} tokens in {result['wall_s']} s; longest "
-              f"run-queue wait {result['longest_wait_s']} s; load average {result['load_average']:.1f}", flush=True)
+    batches: list[dict[str, Any]] = []
+    results = {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release(), "batches": batches}
+    nices: list[int | None] = [0, args.autogroup_nice] if args.engine_pids else [None]
+    try:
+        for index in range(args.batches):
+            for nice in nices:
+                if nice is not None:
+                    set_autogroup_nice(args.engine_pids, nice)
+                result = batch(args) | {"load_average": os.getloadavg()[0], "engines_autogroup_nice": nice}
+                batches.append(result)
+                print(f"batch {index}{'' if nice is None else f' (engines at autogroup nice {nice})'}: {args.streams} "
+                      f"streams of {args.max_tokens} tokens in {result['wall_s']} s; longest run-queue wait "
+                      f"{result['longest_wait_s']} s; load average {result['load_average']:.1f}", flush=True)
+                if args.out:  # after each batch: a run cut short keeps what it measured
+                    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    finally:  # the engines as they were, also when the run is cut short
+        if args.engine_pids:
+            set_autogroup_nice(args.engine_pids, 0)
     print(f"{cpu}, {os.cpu_count()} cores, kernel {platform.release()}")
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=1) + "\n")
 
 
 if __name__ == "__main__":
