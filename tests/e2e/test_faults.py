@@ -224,9 +224,9 @@ def _stop_an_engine_holding_streams(stack: Stack, futures: list[Future[StreamRes
     while not all(future.done() for future in futures):
         legs = decode_in_flight(stack)
         url = max(legs, key=lambda engine: legs[engine])
-        # Read before the stop: a starved read after it came back once the gateway had moved the streams (CI).
-        moved_before = gateway_metric(stack, DECODE_LEG_FAILURES, role="decode")
         if legs[url] and gateway_metric(stack, KV_HANDOFFS) >= first_tokens:
+            # Read before the stop: a starved read after it came back once the gateway had moved the streams (CI).
+            moved_before = gateway_metric(stack, DECODE_LEG_FAILURES, role="decode")
             process = engine_process(url)
             process.send_signal(signal.SIGSTOP)
             try:
