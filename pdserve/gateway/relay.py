@@ -134,11 +134,12 @@ class Relay:
             if self._opening is not None and (ending := await self._opened()) is not None:
                 yield ending
                 return
+            kept_mid_stream = False  # then the engine's next token is waited on as any between two tokens
             while True:
                 assert self._leg is not None
                 try:
-                    async for chunk in self._leg.response.chunks(first_timeout_s=self._first_timeout_s(
-                                                                     self._spec.first_token_timeout_s),
+                    async for chunk in self._leg.response.chunks(first_timeout_s=None if kept_mid_stream else (
+                                                                     self._first_timeout_s(self._spec.first_token_timeout_s)),
                                                                  idle_timeout_s=self._spec.decode_idle_timeout_s,
                                                                  push=push, hand_over=hand_over):
                         if self._drop_role:
@@ -186,6 +187,7 @@ class Relay:
                 if isinstance(step, bytes):
                     yield step
                     return
+                kept_mid_stream = step is Step.KEPT and self._previous_s is not None
                 if step is Step.MOVED:
                     # A resumed chat opens with a role event the client had; a forced lead's echo drop takes it itself.
                     self._drop_role = bool(sent) and self._call.path == resume.CHAT_PATH and not self._echoed_left

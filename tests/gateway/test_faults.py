@@ -148,11 +148,14 @@ async def test_a_silent_decode_engine_keeps_a_stream_no_other_engine_can_take(na
     assert "pdserve_decode_switches_total{" not in metrics
 
 
-async def test_a_silent_decode_engine_keeps_its_stream_only_until_the_request_deadline() -> None:
+@pytest.mark.parametrize("native_relay", [True, False])
+async def test_a_silent_decode_engine_keeps_its_stream_only_until_the_request_deadline(native_relay: bool) -> None:
     prefill, slow = FakeEngine(), FakeEngine()
-    async with gateway_over([prefill], [slow], decode_idle_timeout_s=0.1, request_timeout_s=0.5) as base:
-        slow.pause_after, slow.pause_s = 2, 30
-        status, payload = await post(base, {"model": MODEL, "prompt": "hi", "stream": True})
+    async with gateway_over([prefill], [slow], decode_idle_timeout_s=0.1, request_timeout_s=0.5,
+                            first_token_timeout_s=600, native_relay=native_relay) as base:
+        slow.pause_after, slow.pause_s = 2, 600
+        # Kept mid-stream, the engine is waited on as between two tokens, not for a first token's 600 s.
+        status, payload = await asyncio.wait_for(post(base, {"model": MODEL, "prompt": "hi", "stream": True}), 60)
         closed_early = await slow.closed_early_within()
     assert status == 200 and b"request_timeout" in payload and payload.endswith(b"data: [DONE]\n\n")
     assert closed_early == 1  # aborted on the engine once the deadline passed
