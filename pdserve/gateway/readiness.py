@@ -1,6 +1,7 @@
 """Readiness that means ready: engines of both roles answer their health probes, one request has gone
-through both legs since, and one through every (prefill, decode) pair, so no user pays a pair's KV
-connector handshake (seconds for NIXL on a GPU) on an engine the first warm-up missed.
+through both legs since (then a chat, so the first clients' chats do not pay its first use on those engines), and
+one through every (prefill, decode) pair, so no user pays a pair's KV connector handshake (seconds for NIXL on a
+GPU) on an engine the first warm-up missed.
 
 The gateway sends the warm-ups itself, so ``pdserve up``, Ray and Kubernetes all become ready the same
 way; their callers only wait for ``/health/ready``. A pair that appears later (an engine added or back)
@@ -19,10 +20,11 @@ from enum import StrEnum
 from typing import Any
 
 from pdserve.engine_config import KVTransferSpec
-from pdserve.errors import LegFailed, PdserveError
+from pdserve.errors import LegFailed, PdserveError, UpstreamRejected
 from pdserve.gateway.call import Call
 from pdserve.gateway.client_errors import client_error
 from pdserve.gateway.orchestrator import Orchestrator
+from pdserve.pd import resume
 from pdserve.pd.engine_http import EngineClient
 from pdserve.pd.pair import send_through_pair
 from pdserve.role import Role
@@ -31,7 +33,6 @@ from pdserve.routing.health import next_look_s
 from pdserve.routing.pool import Pool
 
 log = logging.getLogger(__name__)
-WARM_UP_PATH = "/v1/completions"
 Pair = tuple[str, str]  # (prefill engine URL, decode engine URL)
 # A first handshake between two engines takes seconds (NIXL on a GPU); a CPU engine busy compiling, longer.
 PAIR_WARM_UP_TIMEOUT_S = 120.0
@@ -97,19 +98,49 @@ async def keep_warm(orchestrator: Orchestrator, pool: Pool, readiness: Readiness
 
 
 async def warm_up(orchestrator: Orchestrator, readiness: Readiness, *, model: str) -> bool:
-    """One short request through both legs, as a client's goes; records in ``readiness`` if it failed."""
-    request_id = f"warm-up-{uuid.uuid4().hex[:12]}"
-    call = Call(path=WARM_UP_PATH, body=warm_up_body(model), request_id=request_id, mode=Mode.PD,
-                arrived_s=time.perf_counter(), may_prefill_locally=False)
+    """One short request through both legs, as a client's goes, then a streamed chat (``warm_chat``); records in
+    ``readiness`` if the first failed."""
+    call = _warm_up_call(resume.COMPLETIONS_PATH, warm_up_body(model), "warm-up")
+    try:
+        (await orchestrator.run(call)).close()
+    except PdserveError as exc:
+        readiness.warm_up = WarmUp.FAILED
+        readiness.warm_up_error = client_error(exc, request_id=call.request_id).message
+        log.warning("request_id=%s warm-up through both legs failed: %s", call.request_id, exc)
+        return False
+    log.info("request_id=%s warm-up through both legs done", call.request_id)
+    await warm_chat(orchestrator, model=model)
+    return True
+
+
+async def warm_chat(orchestrator: Orchestrator, *, model: str) -> None:
+    """A streamed chat through both legs, read to its end: a chat's legs ask the engines for what a completion's
+    do not (the prompt's ids, a hybrid's logprobs), and on a GPU the first chats after start waited 1.5-2.2 s on
+    the prefill engine (docs/benchmarks.md section 8). Never holds readiness back: the completion proved both
+    legs, and a model without a chat template refuses every chat (a 4xx, as it will refuse clients')."""
+    call = _warm_up_call(resume.CHAT_PATH, chat_warm_up_body(model), "warm-up-chat")
     try:
         reply = await orchestrator.run(call)
+        try:
+            if reply.stream is not None:
+                async for _ in reply.stream(None):
+                    pass
+        finally:
+            reply.close()
+    except UpstreamRejected as exc:
+        log.info("request_id=%s no chat warm-up: %s (%s)", call.request_id, exc, exc.body[:200].decode(errors="replace"))
+        return
     except PdserveError as exc:
-        readiness.warm_up, readiness.warm_up_error = WarmUp.FAILED, client_error(exc, request_id=request_id).message
-        log.warning("request_id=%s warm-up through both legs failed: %s", request_id, exc)
-        return False
-    reply.close()
-    log.info("request_id=%s warm-up through both legs done", request_id)
-    return True
+        log.warning("request_id=%s chat warm-up through both legs failed: %s; clients' chats may too", call.request_id,
+                    exc)
+        return
+    log.info("request_id=%s chat warm-up through both legs done", call.request_id)
+
+
+def _warm_up_call(path: str, body: dict[str, Any], prefix: str) -> Call:
+    """A warm-up as the orchestrator takes a client's request, but PD only: it is there to prove both legs."""
+    return Call(path=path, body=body, request_id=f"{prefix}-{uuid.uuid4().hex[:12]}", mode=Mode.PD,
+                arrived_s=time.perf_counter(), may_prefill_locally=False)
 
 
 async def warm_pairs(orchestrator: Orchestrator, pool: Pool, readiness: Readiness, *, warm_pair: WarmPair,
@@ -142,3 +173,7 @@ async def _warm_one(pair: Pair, orchestrator: Orchestrator, pool: Pool, readines
 
 def warm_up_body(model: str) -> dict[str, Any]:
     return {"model": model, "prompt": "warm up", "max_tokens": 2}
+
+
+def chat_warm_up_body(model: str) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "warm up"}], "max_tokens": 2, "stream": True}

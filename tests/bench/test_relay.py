@@ -55,9 +55,10 @@ async def test_gateway_relays_the_stream_intact_and_counts_it(
     counts = upstream.counts
     assert (counts.prefill, counts.decode, counts.whole) == (1, 1, 0)
     assert _sample(metrics, "pdserve_requests_total", 'route="/v1/completions"', 'status="200"') == 1
-    assert _sample(metrics, "pdserve_time_to_first_token_seconds_count", 'mode="pd"') == 2  # and the warm-up's
+    assert _sample(metrics, "pdserve_time_to_first_token_seconds_count", 'mode="pd"') == 3  # and the two warm-ups'
     assert _sample(metrics, "pdserve_inter_token_latency_seconds_count", 'mode="pd"') >= 1  # chunks may coalesce
-    assert _sample(metrics, "pdserve_first_tokens_total", 'source="prefill"') == 1  # it came with the prefill leg
+    assert _sample(metrics, "pdserve_first_tokens_total", 'route="/v1/completions"',
+                   'source="prefill"') == 1  # it came with the prefill leg
 
 
 async def test_load_generator_sees_every_token_through_the_gateway(

@@ -91,9 +91,9 @@ async def test_decode_engine_dying_before_its_first_token_restarts_the_request_o
 
 
 async def test_mid_stream_failure_continues_on_the_other_decode_engine() -> None:
-    prefill, a, b = FakeEngine(), FakeEngine(break_stream_after=2), FakeEngine(break_stream_after=2)
+    prefill, a, b = FakeEngine(), FakeEngine(), FakeEngine()
     async with gateway_over([prefill], [a, b]) as base:
-        a.break_stream_after = b.break_stream_after = 2
+        a.break_stream_after = b.break_stream_after = 2  # after the gateway's warm-ups
         status, payload = await post(base, {"model": MODEL, "prompt": "hi", "stream": True, "max_tokens": 9})
         metrics = await metrics_of(base)
     assert status == 200

@@ -19,7 +19,7 @@ from pdserve.gateway.client_reply import ClientTransport
 from pdserve.pd.decode import RELEASE_MODEL
 from pdserve_vllm import STATE_BEFORE_LAST_KEY, WHOLE_PROMPT_KEY
 from tests.fake_engine import FIRST_TOKEN_ID, KV_PARAMS, WORDS, FakeEngine
-from tests.gateway.test_app import MODEL, post
+from tests.gateway.test_app import MODEL, post, sample
 from tests.gateway.test_faults import gateway_over, metrics_of, text_of
 from tests.routing.test_load import vllm_load_metrics
 
@@ -282,6 +282,13 @@ def streamed_chat(**fields: Any) -> dict[str, Any]:
             **fields}
 
 
+def chat_first_tokens(metrics: str, reason: str) -> float:
+    """pdserve_first_tokens_total of streamed chat for ``reason`` in a /metrics page (the gateway's warm-up chat
+    is counted too, so tests compare two pages)."""
+    source = "prefill" if reason == "eligible" else "decode"
+    return sample(metrics, f'pdserve_first_tokens_total{{reason="{reason}",route="/v1/chat/completions",source="{source}"}}')
+
+
 def chat_engines() -> tuple[FakeEngine, FakeEngine]:
     """A prefill engine, and a decode engine that writes the whole reply: given the prefill's token as its first
     output (pdserve_vllm's logits processor), a real one writes that token's role and content events again."""
@@ -293,8 +300,8 @@ async def test_a_streamed_chat_gets_the_prefill_engines_token_first_and_the_deco
     prefill, decode = chat_engines()
     async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05,
                             decode_pool={"first_token_processor": True}) as base:
-        status, payload = await post(await settled(base), streamed_chat(), path="/v1/chat/completions",
-                                     headers={"X-Request-Id": "r1"})
+        before = await metrics_of(await settled(base))
+        status, payload = await post(base, streamed_chat(), path="/v1/chat/completions", headers={"X-Request-Id": "r1"})
         metrics = await metrics_of(base)
     assert status == 200 and text_of(payload) == "".join(WORDS) and payload.endswith(b"data: [DONE]\n\n")
     role, first, *rest = events(payload)
@@ -308,51 +315,55 @@ async def test_a_streamed_chat_gets_the_prefill_engines_token_first_and_the_deco
     assert decode_body["vllm_xargs"] == {"pdserve_first_token": FIRST_TOKEN_ID}
     assert decode_body["messages"] == streamed_chat()["messages"] and decode_body["max_tokens"] == 5
     assert decode_body["kv_transfer_params"]["remote_block_ids"] == KV_PARAMS["remote_block_ids"]
-    assert 'pdserve_first_tokens_total{reason="eligible",route="/v1/chat/completions",source="prefill"} 1.0' in metrics
+    assert chat_first_tokens(metrics, "eligible") - chat_first_tokens(before, "eligible") == 1
 
 
-async def hybrid_chat(*, keeps_state_before_last: bool) -> tuple[int, bytes, str, FakeEngine, FakeEngine]:
+async def hybrid_chat(*, keeps_state_before_last: bool) -> tuple[int, bytes, tuple[str, str], FakeEngine, FakeEngine]:
     """A streamed chat through a hybrid's prefill engine (it stops the prompt a token short) that keeps, or lost,
-    the state before the prompt's last token: status, payload, the gateway's metrics, the two engines."""
+    the state before the prompt's last token: status, payload, the gateway's metrics before and after, the two
+    engines."""
     prefill = FakeEngine(metrics_text=vllm_load_metrics(), prefill_stops_short=1,
                          keeps_state_before_last=keeps_state_before_last)
     decode = FakeEngine(metrics_text=vllm_load_metrics())
     async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05,
                             decode_pool={"first_token_processor": True}) as base:
-        status, payload = await post(await settled(base), streamed_chat(), path="/v1/chat/completions")
+        before = await metrics_of(await settled(base))
+        status, payload = await post(base, streamed_chat(), path="/v1/chat/completions")
         metrics = await metrics_of(base)
-    return status, payload, metrics, prefill, decode
+    return status, payload, (before, metrics), prefill, decode
 
 
 async def test_a_hybrids_chat_leads_with_the_token_its_prefill_engine_sampled_after_the_prompts_last() -> None:
-    status, payload, metrics, prefill, decode = await hybrid_chat(keeps_state_before_last=True)
+    status, payload, (before, metrics), prefill, decode = await hybrid_chat(keeps_state_before_last=True)
     assert status == 200 and text_of(payload) == "".join(WORDS)
     assert events(payload)[1]["choices"][0]["delta"] == {"content": WORDS[0]}  # the "\n" it output first is not
     (prefill_body,) = prefill.bodies
     assert prefill_body["kv_transfer_params"][STATE_BEFORE_LAST_KEY] is True and prefill_body["logprobs"] is True
     (decode_body,) = decode.bodies
     assert decode_body["vllm_xargs"] == {"pdserve_first_token": FIRST_TOKEN_ID}
-    assert 'pdserve_first_tokens_total{reason="eligible",route="/v1/chat/completions",source="prefill"} 1.0' in metrics
+    assert chat_first_tokens(metrics, "eligible") - chat_first_tokens(before, "eligible") == 1
 
 
 async def test_a_hybrids_chat_whose_prefill_engine_lost_the_state_before_the_last_token_is_prefilled_locally() -> None:
-    status, payload, metrics, _, decode = await hybrid_chat(keeps_state_before_last=False)
+    status, payload, (before, metrics), _, decode = await hybrid_chat(keeps_state_before_last=False)
     assert status == 200 and text_of(payload) == "".join(WORDS)
     (decode_body,) = decode.bodies
     assert "kv_transfer_params" not in decode_body  # nothing of that handoff is pulled
-    assert 'pdserve_local_fallbacks_total{reason="prefill_failed"} 1.0' in metrics
+    fallbacks = 'pdserve_local_fallbacks_total{reason="prefill_failed"}'
+    assert sample(metrics, fallbacks) - sample(before, fallbacks) == 1
 
 
 async def test_a_chat_stays_on_the_decode_engines_token_where_that_engine_cannot_be_given_one_and_says_why() -> None:
     prefill, decode = chat_engines()
     async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05) as base:  # engines at urls: unknown
-        _, payload = await post(await settled(base), streamed_chat(), path="/v1/chat/completions")
+        before = await metrics_of(await settled(base))
+        _, payload = await post(base, streamed_chat(), path="/v1/chat/completions")
         whole_status, _ = await post(base, {**streamed_chat(), "stream": False}, path="/v1/chat/completions")
         metrics = await metrics_of(base)
     assert text_of(payload) == "".join(WORDS) and "vllm_xargs" not in decode.bodies[0] and whole_status == 200
     assert "return_token_ids" not in prefill.bodies[0]
-    assert 'pdserve_first_tokens_total{reason="decode_cannot_force",route="/v1/chat/completions",source="decode"} 1.0' in metrics
-    assert 'pdserve_first_tokens_total{reason="not_streamed",route="/v1/chat/completions",source="decode"} 1.0' in metrics
+    for reason in ("decode_cannot_force", "not_streamed"):
+        assert chat_first_tokens(metrics, reason) - chat_first_tokens(before, reason) == 1, reason
 
 
 async def test_a_chat_whose_decode_engine_fails_after_the_lead_moves_whole_and_the_new_engines_echo_is_dropped_too() -> None:
@@ -392,13 +403,14 @@ async def test_a_chat_through_parsers_leads_with_the_parsers_delta_or_with_the_r
         decode = FakeEngine(metrics_text=vllm_load_metrics(), chat_deltas=deltas)
         async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05,
                                 decode_pool={"first_token_processor": True, "extra_args": PARSERS}) as base:
-            status, payload = await post(await settled(base), streamed_chat(**fields), path="/v1/chat/completions")
+            before = await metrics_of(await settled(base))
+            status, payload = await post(base, streamed_chat(**fields), path="/v1/chat/completions")
             metrics = await metrics_of(base)
         assert status == 200 and decode.bodies[0]["vllm_xargs"] == {"pdserve_first_token": FIRST_TOKEN_ID}
         role, *rest = events(payload)
         assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
         assert [event["choices"][0]["delta"] for event in rest] == [delta for delta in deltas if delta is not None]
-        assert 'pdserve_first_tokens_total{reason="eligible",route="/v1/chat/completions",source="prefill"} 1.0' in metrics
+        assert chat_first_tokens(metrics, "eligible") - chat_first_tokens(before, "eligible") == 1
 
 
 async def test_a_chat_through_parsers_whose_first_token_the_prefill_reply_does_not_tell_stays_on_the_decode_engine(
@@ -408,9 +420,10 @@ async def test_a_chat_through_parsers_whose_first_token_the_prefill_reply_does_n
     decode = FakeEngine(metrics_text=vllm_load_metrics())
     async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05,
                             decode_pool={"first_token_processor": True, "extra_args": PARSERS}) as base:
-        _, payload = await post(await settled(base), streamed_chat(), path="/v1/chat/completions")
+        before = await metrics_of(await settled(base))
+        _, payload = await post(base, streamed_chat(), path="/v1/chat/completions")
         _, stopped = await post(base, streamed_chat(stop=["x"]), path="/v1/chat/completions")
         metrics = await metrics_of(base)
     assert text_of(payload) == text_of(stopped) == "".join(WORDS) and "vllm_xargs" not in decode.bodies[0]
-    assert 'pdserve_first_tokens_total{reason="parser_unsure",route="/v1/chat/completions",source="decode"} 1.0' in metrics
-    assert 'pdserve_first_tokens_total{reason="chat_parser",route="/v1/chat/completions",source="decode"} 1.0' in metrics
+    for reason in ("parser_unsure", "chat_parser"):
+        assert chat_first_tokens(metrics, reason) - chat_first_tokens(before, reason) == 1, reason

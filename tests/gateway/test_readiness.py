@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 import aiohttp
 import pytest
 
-from pdserve.errors import EngineStartFailed, LegFailed, NoHealthyEndpoint
+from pdserve.errors import EngineStartFailed, LegFailed, NoHealthyEndpoint, UpstreamRejected
 from pdserve.gateway.app import build_app
 from pdserve.gateway.call import Call, Reply
 from pdserve.gateway.readiness import Readiness, WarmUp, keep_warm
+from pdserve.pd.resume import CHAT_PATH, COMPLETIONS_PATH
 from pdserve.role import Role
 from pdserve.routing.decision import Mode
 from pdserve.routing.pool import Endpoint, Pool
@@ -65,6 +67,7 @@ class FakeOrchestrator:
     def __init__(self) -> None:
         self.calls: list[Call] = []
         self.is_failing = False
+        self.chat_error: Exception | None = None  # what a chat gets instead of its reply
         self.failed_urls: list[str] = []
 
     def leg_failed(self, endpoint: Endpoint, _request_id: str, _exc: Exception, *, is_unreachable: bool) -> None:
@@ -75,6 +78,8 @@ class FakeOrchestrator:
         self.calls.append(call)
         if self.is_failing:
             raise NoHealthyEndpoint(Role.DECODE)
+        if call.path == CHAT_PATH and self.chat_error is not None:
+            raise self.chat_error
         return Reply(json_body=b"{}")
 
 
@@ -127,9 +132,10 @@ async def test_a_role_losing_every_engine_makes_it_not_ready_until_a_new_warm_up
     task = keep_warm_task(pool, readiness, orchestrator, FakePairs())
     try:
         await asyncio.sleep(0.05)
-        assert readiness.report(pool)[0] and len(orchestrator.calls) == 1  # warm once, not on every tick
-        call = orchestrator.calls[0]
+        assert readiness.report(pool)[0] and len(orchestrator.calls) == 2  # warm once, not on every tick
+        call, chat = orchestrator.calls
         assert call.mode is Mode.PD and call.body["model"] == MODEL and call.request_id.startswith("warm-up-")
+        assert chat.path == CHAT_PATH and chat.mode is Mode.PD and chat.is_stream and chat.body["model"] == MODEL
         pool.all(Role.DECODE)[0].is_healthy = False
         orchestrator.is_failing = True
         await asyncio.sleep(0.05)
@@ -141,5 +147,26 @@ async def test_a_role_losing_every_engine_makes_it_not_ready_until_a_new_warm_up
         orchestrator.is_failing = False
         await asyncio.sleep(0.05)
         assert readiness.report(pool)[0]
+    finally:
+        task.cancel()
+
+
+@pytest.mark.parametrize("chat_error", [
+    UpstreamRejected(Role.PREFILL, "http://p", 400, b'{"error": {"message": "this model has no chat template"}}'),
+    LegFailed(Role.DECODE, "http://d", 500, "chat broke"),
+])
+async def test_a_chat_warm_up_that_fails_holds_nobody_up(chat_error: Exception, caplog: pytest.LogCaptureFixture) -> None:
+    """A model without a chat template refuses every chat (clients' too); the completion proved both legs."""
+    pool, readiness, orchestrator = Pool(prefill_urls=["http://p"], decode_urls=["http://d"]), Readiness(), FakeOrchestrator()
+    orchestrator.chat_error = chat_error
+    caplog.set_level(logging.INFO, logger="pdserve.gateway.readiness")
+    task = keep_warm_task(pool, readiness, orchestrator, FakePairs())
+    try:
+        for _ in range(6000):  # up to a minute on a loaded machine; done in milliseconds
+            if readiness.warm_up is WarmUp.DONE:
+                break
+            await asyncio.sleep(0.01)
+        assert readiness.report(pool)[0] and [call.path for call in orchestrator.calls] == [COMPLETIONS_PATH, CHAT_PATH]
+        assert "no chat template" in caplog.text if isinstance(chat_error, UpstreamRejected) else "chat broke" in caplog.text
     finally:
         task.cancel()
