@@ -202,9 +202,11 @@ def test_a_partition_between_gateway_and_decode_fails_a_whole_reply_within_the_l
         replies: list[httpx.Response | Exception] = []
         client = threading.Thread(target=post_whole, args=(deployment, request_id, replies))
         client.start()
-        # Its decode leg is open (the engine's own running count lags its seconds of generation), or it ended.
-        until(lambda running=client: not running.is_alive() or legs_open(deployment, "decode") >= 1,
-              what="the decode leg open")
+        # Its decode leg is open and the engine still generates (the gateway counts a leg until it has relayed the
+        # reply, which a busy machine makes long after the engine's end), or it ended.
+        until(lambda running=client: not running.is_alive() or (
+            legs_open(deployment, "decode") >= 1 and engine_running(deployment, "decode") >= 1),
+              what="the decode leg open and generating")
         if not client.is_alive():
             (reply,) = replies
             assert isinstance(reply, httpx.Response) and reply.status_code == 200, reply
@@ -319,6 +321,11 @@ def legs_open(deployment: Deployment, role: str) -> int:
     (engine,) = httpx.get(deployment.gateway_url + "/health", timeout=30).json()["engines"][role]
     legs: int = engine["in_flight"]
     return legs
+
+
+def engine_running(deployment: Deployment, role: str) -> float:
+    """Requests the bed's ``role`` engine is running, by its own count (vLLM's ``vllm:num_requests_running``)."""
+    return metric(httpx.get(deployment.url(role) + "/metrics", timeout=30).text, "vllm:num_requests_running")
 
 
 def gateway_metric(deployment: Deployment, series: str) -> float:
