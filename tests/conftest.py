@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -66,3 +67,11 @@ async def serving(app: Starlette, port: int) -> AsyncIterator[str]:
     finally:
         server.should_exit = True
         await task
+
+
+def metric(text: str, series: str) -> float:
+    """The sum of ``series`` (a name, or a name and its labels as written) over its lines; 0 if none."""
+    name, _, labels = series.partition("{")
+    pattern = re.compile(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", re.MULTILINE)
+    return sum(float(value) for found_labels, value in pattern.findall(text)
+               if all(label in found_labels for label in labels.rstrip("}").split(",") if label))

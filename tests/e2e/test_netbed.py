@@ -8,7 +8,6 @@ Made and torn down here; skipped, with the reason, where namespaces cannot be ma
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from pdserve.engine_config import DEMO_MODEL_NAME
 from pdserve.pd import decode, prefill
 from pdserve.pd.kv import KVTransferParams
 from tests import netbed
+from tests.conftest import metric
 from tests.netbed_pd import (
     EJECT_FOR_S,
     KV_PULL_TIMEOUT_S,
@@ -330,14 +330,6 @@ def engine_running(deployment: Deployment, role: str) -> float:
 
 def gateway_metric(deployment: Deployment, series: str) -> float:
     return metric(httpx.get(deployment.gateway_url + "/metrics", timeout=30).text, series)
-
-
-def metric(text: str, series: str) -> float:
-    """The sum of ``series`` (a name, or a name and its labels as written) over its lines; 0 if none."""
-    name, _, labels = series.partition("{")
-    pattern = re.compile(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", re.MULTILINE)
-    return sum(float(value) for found_labels, value in pattern.findall(text)
-               if all(label in found_labels for label in labels.rstrip("}").split(",") if label))
 
 
 def test_a_whole_reply_whose_kv_pull_hangs_is_prefilled_by_its_decode_engine_after_kv_pull_timeout_s(

@@ -13,7 +13,7 @@ import pytest
 
 from pdserve.config import parse_settings
 from pdserve.gateway.app import build_app
-from tests.conftest import free_port, serving
+from tests.conftest import free_port, metric, serving
 from tests.fake_engine import KV_PARAMS, WORDS, FakeEngine
 
 MODEL = "pdserve-demo"
@@ -211,11 +211,6 @@ async def test_client_disconnect_aborts_decode_stream(gateway: str, engine: tupl
     assert await fake.closed_early_within() == 1
 
 
-def sample(metrics: str, series: str) -> float:
-    """One series' value in a /metrics page (0 where it has none yet)."""
-    return next((float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(series + " ")), 0.0)
-
-
 async def test_metrics_count_requests_ttft_and_tokens(gateway: str, engine: tuple[FakeEngine, str]) -> None:
     engine[0].token_delay_s = 0.02  # one chunk per token
     async with aiohttp.ClientSession() as session, session.get(gateway + "/metrics") as reply:
@@ -228,7 +223,7 @@ async def test_metrics_count_requests_ttft_and_tokens(gateway: str, engine: tupl
     assert 'pdserve_requests_total{mode="auto",route="/v1/completions",status="404"} 1.0' in metrics
 
     def added(series: str) -> float:
-        return sample(metrics, series) - sample(before, series)
+        return metric(metrics, series) - metric(before, series)
     assert added('pdserve_time_to_first_token_seconds_count{mode="pd"}') == 1
     # A gap per token after the first, and one more where the end marker comes in a read of its own.
     assert added('pdserve_inter_token_latency_seconds_count{mode="pd"}') in (len(WORDS) - 1, len(WORDS))

@@ -18,8 +18,9 @@ import pytest
 from pdserve.gateway.client_reply import ClientTransport
 from pdserve.pd.decode import RELEASE_MODEL
 from pdserve_vllm import STATE_BEFORE_LAST_KEY, WHOLE_PROMPT_KEY
+from tests.conftest import metric
 from tests.fake_engine import FIRST_TOKEN_ID, KV_PARAMS, WORDS, FakeEngine
-from tests.gateway.test_app import MODEL, post, sample
+from tests.gateway.test_app import MODEL, post
 from tests.gateway.test_faults import gateway_over, metrics_of, text_of
 from tests.routing.test_load import vllm_load_metrics
 
@@ -286,7 +287,7 @@ def chat_first_tokens(metrics: str, reason: str) -> float:
     """pdserve_first_tokens_total of streamed chat for ``reason`` in a /metrics page (the gateway's warm-up chat
     is counted too, so tests compare two pages)."""
     source = "prefill" if reason == "eligible" else "decode"
-    return sample(metrics, f'pdserve_first_tokens_total{{reason="{reason}",route="/v1/chat/completions",source="{source}"}}')
+    return metric(metrics, f'pdserve_first_tokens_total{{reason="{reason}",route="/v1/chat/completions",source="{source}"}}')
 
 
 def chat_engines() -> tuple[FakeEngine, FakeEngine]:
@@ -350,7 +351,7 @@ async def test_a_hybrids_chat_whose_prefill_engine_lost_the_state_before_the_las
     (decode_body,) = decode.bodies
     assert "kv_transfer_params" not in decode_body  # nothing of that handoff is pulled
     fallbacks = 'pdserve_local_fallbacks_total{reason="prefill_failed"}'
-    assert sample(metrics, fallbacks) - sample(before, fallbacks) == 1
+    assert metric(metrics, fallbacks) - metric(before, fallbacks) == 1
 
 
 async def test_a_chat_stays_on_the_decode_engines_token_where_that_engine_cannot_be_given_one_and_says_why() -> None:
