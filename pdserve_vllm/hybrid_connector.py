@@ -6,7 +6,8 @@
 - or, where a chat's prefill asks, samples that token after the whole prompt in a second step and hands over the
   recurrent state from before it (state_before_last.py): the scheduler side plans the steps and names the state
   blocks in its metadata; the worker side copies them before that step's forward (``bind_connector_metadata``)
-  and writes them back after it (``wait_for_save``);
+  and writes them back after it (``wait_for_save``); new prompts wait out that second step (``_hold_new_prompts``),
+  which would otherwise carry their whole prefill and keep the client's first token waiting as long;
 - stages the KV in host memory (``kv_buffer_device: cpu``) on a GPU, where vLLM 0.26's own fails at start with
   ``AttributeError: 'list' object has no attribute 'shape'`` (host_mirror.py says why).
 
@@ -90,6 +91,7 @@ class NixlConnector(ProgressNixlConnector):
         self._plans: dict[str, before_last.Plan] = {}
         self._state_layers: dict[int, list[torch.Tensor]] = {}  # recurrent group -> its layers' state tensors
         self._kept_states: list[tuple[torch.Tensor, int, torch.Tensor]] = []  # (tensor, block, copy) over a step
+        self._hold_new_prompts = False  # a planned request's second step is next: it runs alone
         scheduler = self.connector_scheduler
         if scheduler is not None and scheduler._has_mamba and prefill_backoff(scheduler) != 1:
             log.warning("pdserve: this NixlConnector keeps %s prompt tokens off a prefill engine, not one: every "
@@ -127,12 +129,26 @@ class NixlConnector(ProgressNixlConnector):
         request.max_tokens = 2
         sampling.extra_args = {**(sampling.extra_args or {}), FIRST_TOKEN_ARG: token}
 
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        if self._hold_new_prompts:
+            return None, False  # vLLM's "not known yet": the prompt waits one step, untouched
+        return super().get_num_new_matched_tokens(request, num_computed_tokens)
+
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         meta = super().build_connector_meta(scheduler_output)
         # vLLM hands its metadata object to the workers as it is (pickled): one attribute more rides along
-        meta.pdserve_kept_states = [pair for req_id, plan in self._plans.items()  # type: ignore[attr-defined]
-                                    for pair in self._scheduled(req_id, plan, scheduler_output)]
+        meta.pdserve_kept_states = self._kept_over(scheduler_output)  # type: ignore[attr-defined]
         return meta
+
+    def _kept_over(self, scheduler_output: Any) -> list[tuple[int, int]]:
+        """The (group, block) pairs whose state the workers keep over this step; and whether the next step holds new
+        prompts back: where a planned request's first step ended in this one, its second (one token, a decode
+        batch's CUDA graph) is next, and a prompt batched with it would make it as long as that prompt's prefill.
+        The hold lasts one step whatever happens to the request, so nothing waits on it for longer."""
+        prefilled = {req_id for req_id, plan in self._plans.items() if plan.prefill_done}
+        kept = [pair for req_id, plan in self._plans.items() for pair in self._scheduled(req_id, plan, scheduler_output)]
+        self._hold_new_prompts = any(plan.prefill_done and req_id not in prefilled for req_id, plan in self._plans.items())
+        return kept
 
     def _scheduled(self, req_id: str, plan: before_last.Plan, output: Any) -> list[tuple[int, int]]:
         num_scheduled = output.num_scheduled_tokens.get(req_id)

@@ -93,7 +93,7 @@ def planning_connector(*, mamba_cache_mode: str = "none",
     attention = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=2, dtype=torch.float32)
     made._kv_cache_config = SimpleNamespace(kv_cache_groups=[KVCacheGroupSpec(["attn"], attention),
                                                              KVCacheGroupSpec(["state"], state)])
-    made._dropped, made._plans = {}, {}
+    made._dropped, made._plans, made._hold_new_prompts = {}, {}, False
     made._vllm_config = SimpleNamespace(model_config=SimpleNamespace(logits_processors=logits_processors))
     return made
 
@@ -125,3 +125,38 @@ def test_a_prefill_whose_dropped_token_may_not_lead_is_left_to_vllm(
     allocated(made, request, ([1, 2], [3]))
     assert request.max_tokens == 1 and FIRST_TOKEN_ARG not in (request.sampling_params.extra_args or {})
     assert request.prompt_token_ids == prompt[:-1]  # vLLM's own path
+
+
+def step(*, new: dict[str, int] = {}, cached: dict[str, tuple[int, int]] = {}) -> SimpleNamespace:  # noqa: B006
+    """A scheduler output: ``new`` request id -> tokens scheduled (none computed before); ``cached`` request id ->
+    (tokens computed before, tokens scheduled), no new blocks, none resumed."""
+    return SimpleNamespace(
+        num_scheduled_tokens={**new, **{req_id: scheduled for req_id, (_, scheduled) in cached.items()}},
+        scheduled_new_reqs=[SimpleNamespace(req_id=req_id, num_computed_tokens=0) for req_id in new],
+        scheduled_cached_reqs=SimpleNamespace(req_ids=list(cached), new_block_ids=[None] * len(cached),
+                                              num_computed_tokens=[computed for computed, _ in cached.values()],
+                                              resumed_req_ids=set()))
+
+
+def test_new_prompts_wait_out_the_one_step_that_samples_a_planned_chats_first_token() -> None:
+    made = planning_connector()
+    request = arrive(made, {**PREFILL, STATE_BEFORE_LAST_KEY: True})
+    allocated(made, request, ([1], [2]))
+    later = Request(request_id="later", prompt_token_ids=[21, 22, 23], pooling_params=None,
+                    sampling_params=SamplingParams(max_tokens=1))
+    own_answer = made.get_num_new_matched_tokens(later, 0)  # vLLM's, for a prompt with nothing to load
+    assert made._kept_over(step(new={"r": 4})) == [] and made._hold_new_prompts  # step 1 ran: step 2 is next
+    assert made.get_num_new_matched_tokens(later, 0) == (None, False)  # vLLM's "not known yet": it waits a step
+    assert made._kept_over(step(cached={"r": (4, 1)})) == [(1, 2)]  # step 2, alone, keeps the state block
+    assert not made._hold_new_prompts and made.get_num_new_matched_tokens(later, 0) == own_answer
+
+
+def test_a_hold_lasts_one_step_even_when_the_second_step_does_not_come() -> None:
+    made = planning_connector()
+    allocated(made, arrive(made, {**PREFILL, STATE_BEFORE_LAST_KEY: True}), ([1], [2]))
+    made._kept_over(step(new={"r": 2}))
+    assert not made._hold_new_prompts  # half the prompt: no second step yet
+    made._kept_over(step(cached={"r": (2, 2)}))
+    assert made._hold_new_prompts
+    made._kept_over(step())  # preempted, or aborted: not scheduled
+    assert not made._hold_new_prompts
