@@ -4,7 +4,8 @@
 # none: what the memory share leaves, as vLLM sizes it), MAX_LEN (max_model_len;
 # default 8192), EAGER (1: the reference's enforce_eager, no CUDA graphs), COMPILE (vllm: vLLM's default compilation), MPS (auto, on, off), KV_BLOCK (tokens per KV block; unset: pdserve's GPU
 # default, 128), KV_BUFFER (auto, cpu, cuda), CROSS_LAYER (kv.cross_layer_blocks: auto, on, off), ENGINE_ENV (a YAML mapping of extra engine environment, applied
-# last), PREFILL_ARGS / DECODE_ARGS (extra vLLM args of one pool, as JSON list items: '"--flag", "value"'),
+# last; DECODE_ENV: the decode pool's in its place, e.g. '{CUDA_MPS_CLIENT_PRIORITY: "1"}', MPS's below-normal
+# priority for its kernels), PREFILL_ARGS / DECODE_ARGS (extra vLLM args of one pool, as JSON list items: '"--flag", "value"'),
 # PORT (gateway; engines at PORT+100 and PORT+200), SIDE_PORT (first NIXL side channel), LOG_DIR and MODEL_DIR, then
 # validates it, so a bad setting fails here and not after the engines' minutes of start-up.
 # Nothing model-specific is set by hand: pdserve reads the shape's config.json (a hybrid model gets its
@@ -27,7 +28,7 @@ elif [ "${COMPILE:-}" != vllm ]; then ENGINE="$ENGINE"', "--compilation-config",
 cat > $CONFIG <<YAML
 model: {path: $MODEL_DIR, served_name: $SHAPE, max_model_len: ${MAX_LEN:-8192}}
 prefill: {device: cuda, gpu_ids: [$PREFILL_GPU], base_port: $((PORT + 100)), extra_args: [$ENGINE${PREFILL_ARGS:+, $PREFILL_ARGS}], env: ${ENGINE_ENV:-{\}}}
-decode: {device: cuda, gpu_ids: [$DECODE_GPU], base_port: $((PORT + 200)), extra_args: [$ENGINE${DECODE_ARGS:+, $DECODE_ARGS}], env: ${ENGINE_ENV:-{\}}}
+decode: {device: cuda, gpu_ids: [$DECODE_GPU], base_port: $((PORT + 200)), extra_args: [$ENGINE${DECODE_ARGS:+, $DECODE_ARGS}], env: ${DECODE_ENV:-${ENGINE_ENV:-{\}}}}
 gateway: {port: $PORT}
 launch: {log_dir: $LOG_DIR, ready_timeout_s: 420, mps: "${MPS:-auto}"}
 kv: {${KV_BLOCK:+block_size: $KV_BLOCK, }${CROSS_LAYER:+cross_layer_blocks: $CROSS_LAYER, }buffer_device: ${KV_BUFFER:-auto}, side_channel_base_port: $SIDE_PORT}

@@ -78,3 +78,8 @@ def test_verify_h200s_broken_path_is_host_staging_over_tcp_and_cross_layer_is_a_
     assert broken.kv.buffer_device == "cpu" and broken.kv.cross_layer_blocks == "off"
     assert broken.decode.env == {"UCX_TLS": "tcp,self"}
     assert load_settings(write_gpu_config(tmp_path, shape="qwen3-8b")).kv.cross_layer_blocks == "auto"
+
+
+def test_the_decode_pool_alone_can_run_at_mps_below_normal_priority(tmp_path: Path) -> None:
+    settings = load_settings(write_gpu_config(tmp_path, shape="qwen3-8b", DECODE_ENV='{CUDA_MPS_CLIENT_PRIORITY: "1"}'))
+    assert settings.decode.env == {"CUDA_MPS_CLIENT_PRIORITY": "1"} and settings.prefill.env == {}
