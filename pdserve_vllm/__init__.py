@@ -20,11 +20,10 @@ FIRST_TOKEN_ARG = "pdserve_first_token"
 WHOLE_PROMPT_KEY = "pdserve_whole_prompt"
 WHOLE_PROMPT_KEPT_KEY = "pdserve_whole_prompt_kept"
 
-# A prefill leg's ``kv_transfer_params`` key asking a hybrid model's prefill engine to sample after the whole prompt
-# and hand over the state after all but its last token (state_before_last.py), and its reply's key that says it did:
-# the reply's token ids are then the prompt's last token and the first token.
-STATE_BEFORE_LAST_KEY = "pdserve_state_before_last"
-STATE_BEFORE_LAST_KEPT_KEY = "pdserve_state_before_last_kept"
+# A key of both legs' ``kv_transfer_params`` for a hybrid's handoff to a decode engine given the first token as output:
+# the prefill engine keeps the whole prompt where the decode engine can undo its recompute of the prompt's last
+# token, and the decode engine loads all of it and undoes that (restore_last.py).
+RESTORE_LAST_KEY = "pdserve_restore_last"
 
 
 def pause_progress_thread(bindings: Any, delay_us: int) -> None:

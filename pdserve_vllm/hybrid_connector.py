@@ -3,11 +3,10 @@
 
 - keeps a prefill request's whole prompt where the request asks (whole_prompt.py says which and why), so its
   sampled token can be the client's first token (pdserve/pd/first_token.py);
-- or, where a chat's prefill asks, samples that token after the whole prompt in a second step and hands over the
-  recurrent state from before it (state_before_last.py): the scheduler side plans the steps and names the state
-  blocks in its metadata; the worker side copies them before that step's forward (``bind_connector_metadata``)
-  and writes them back after it (``wait_for_save``); new prompts wait out that second step (``_hold_new_prompts``),
-  which would otherwise carry their whole prefill and keep the client's first token waiting as long;
+- has a decode request given that token as output load the whole prompt and undo its recompute of the prompt's last
+  token (restore_last.py): the scheduler side names the blocks that step writes in its metadata; the worker side
+  copies them before that step's forward (``bind_connector_metadata``) and writes them back after it
+  (``wait_for_save``);
 - stages the KV in host memory (``kv_buffer_device: cpu``) on a GPU, where vLLM 0.26's own fails at start with
   ``AttributeError: 'list' object has no attribute 'shape'`` (host_mirror.py says why).
 
@@ -26,12 +25,10 @@ from typing import Any
 import torch
 from vllm.v1.kv_cache_interface import MambaSpec
 
-from pdserve_vllm import FIRST_TOKEN_ARG, FIRST_TOKEN_PROCESSOR
-from pdserve_vllm import state_before_last as before_last
-from pdserve_vllm.first_token import FirstTokenProcessor
+from pdserve_vllm import RESTORE_LAST_KEY, restore_last
 from pdserve_vllm.host_mirror import HostMirror, mirror_on_host
 from pdserve_vllm.nixl_progress import NixlConnector as ProgressNixlConnector
-from pdserve_vllm.whole_prompt import TRUNCATED_GUARD, keep_whole_prompt, keeps_whole_prompt, mark_reply
+from pdserve_vllm.whole_prompt import keep_whole_prompt, keeps_whole_prompt, mark_reply
 
 __all__ = ["NixlConnector"]
 log = logging.getLogger(f"vllm.{__name__}")  # vLLM prints its own logger tree to the engine log
@@ -81,17 +78,15 @@ def prefill_backoff(scheduler: Any) -> int | None:
 
 
 class NixlConnector(ProgressNixlConnector):
-    """vLLM's NixlConnector; a prefill that asks keeps its whole prompt, and a hybrid model's KV staged in host
-    memory goes through a page mirror."""
+    """vLLM's NixlConnector; a prefill that asks keeps its whole prompt, a decode request that asks undoes its
+    recompute of the prompt's last token, and a hybrid model's KV staged in host memory goes through a page mirror."""
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
-        self._kv_cache_config, self._vllm_config = kv_cache_config, vllm_config
-        self._dropped: dict[str, int] = {}  # request id -> its last prompt token, while vLLM may drop it
-        self._plans: dict[str, before_last.Plan] = {}
-        self._state_layers: dict[int, list[torch.Tensor]] = {}  # recurrent group -> its layers' state tensors
+        self._kv_cache_config = kv_cache_config
+        self._restores: dict[str, int] = {}  # decode request id -> its prompt tokens, until it recomputes the last
+        self._layers: dict[int, list[torch.Tensor]] = {}  # KV cache group -> its layers' caches, indexed by block
         self._kept_states: list[tuple[torch.Tensor, int, torch.Tensor]] = []  # (tensor, block, copy) over a step
-        self._hold_new_prompts = False  # a planned request's second step is next: it runs alone
         scheduler = self.connector_scheduler
         if scheduler is not None and scheduler._has_mamba and prefill_backoff(scheduler) != 1:
             log.warning("pdserve: this NixlConnector keeps %s prompt tokens off a prefill engine, not one: every "
@@ -99,100 +94,71 @@ class NixlConnector(ProgressNixlConnector):
 
     def on_new_request(self, request: Any) -> None:
         scheduler = self.connector_scheduler
+        params = request.kv_transfer_params
         if scheduler is not None and keeps_whole_prompt(
-                request.kv_transfer_params, has_mamba=scheduler._has_mamba, backoff=prefill_backoff(scheduler)):
-            keep_whole_prompt(request.kv_transfer_params)
-        elif scheduler is not None and request.prompt_token_ids and before_last.asks_state_before_last(
-                request.kv_transfer_params, has_mamba=scheduler._has_mamba,
-                backoff=prefill_backoff(scheduler)) and _can_plan(scheduler, self._vllm_config):
-            self._dropped[request.request_id] = request.prompt_token_ids[-1]
+                params, has_mamba=scheduler._has_mamba, backoff=prefill_backoff(scheduler)) and (
+                not params.get(RESTORE_LAST_KEY) or restore_last.restores(
+                    request.num_prompt_tokens, state_block_size=_cached_state_block_size(self._kv_cache_config))):
+            keep_whole_prompt(params)
         super().on_new_request(request)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
-        # vLLM has truncated the prompt by now: 0.32 in on_new_request, 0.26 in get_num_new_matched_tokens
-        token = self._dropped.pop(request.request_id, None)
-        if token is not None:
-            self._plan(request, token, blocks.get_block_ids())
+        scheduler = self.connector_scheduler
+        if num_external_tokens and scheduler is not None and restore_last.asks_restore_last(
+                request.kv_transfer_params, has_mamba=scheduler._has_mamba):
+            self._restores[request.request_id] = request.num_prompt_tokens
         super().update_state_after_alloc(request, blocks, num_external_tokens)
 
-    def _plan(self, request: Any, token: int, block_ids: before_last.BlockIds) -> None:
-        params, sampling = request.kv_transfer_params, request.sampling_params
-        stop_token_ids = {*(sampling.stop_token_ids or ()), *([sampling.eos_token_id] if
-                                                                sampling.eos_token_id is not None else [])}
-        if not (params.get(TRUNCATED_GUARD) and request.max_tokens == 1 and before_last.dropped_token_may_lead(
-                token, stop_token_ids=stop_token_ids, num_prompt_tokens=request.num_prompt_tokens + 1,
-                state_block_size=_cached_state_block_size(self._kv_cache_config))):
-            return
-        plan = before_last.Plan(prompt_tokens=request.num_prompt_tokens, dropped_token=token)
-        plan.allocated(block_ids)
-        self._plans[request.request_id] = plan
-        request.max_tokens = 2
-        sampling.extra_args = {**(sampling.extra_args or {}), FIRST_TOKEN_ARG: token}
-
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
-        if self._hold_new_prompts:
-            return None, False  # vLLM's "not known yet": the prompt waits one step, untouched
+        scheduler = self.connector_scheduler
+        if scheduler is not None and restore_last.asks_restore_last(request.kv_transfer_params,
+                                                                    has_mamba=scheduler._has_mamba):
+            count = request.num_prompt_tokens - num_computed_tokens  # all of it: vLLM recomputes the last
+            return (count, True) if count > 0 else (0, False)
         return super().get_num_new_matched_tokens(request, num_computed_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         meta = super().build_connector_meta(scheduler_output)
         # vLLM hands its metadata object to the workers as it is (pickled): one attribute more rides along
-        meta.pdserve_kept_states = self._kept_over(scheduler_output)  # type: ignore[attr-defined]
+        meta.pdserve_kept_states = self._restored_over(scheduler_output)  # type: ignore[attr-defined]
         return meta
 
-    def _kept_over(self, scheduler_output: Any) -> list[tuple[int, int]]:
-        """The (group, block) pairs whose state the workers keep over this step; and whether the next step holds new
-        prompts back: where a planned request's first step ended in this one, its second (one token, a decode
-        batch's CUDA graph) is next, and a prompt batched with it would make it as long as that prompt's prefill.
-        The hold lasts one step whatever happens to the request, so nothing waits on it for longer."""
-        prefilled = {req_id for req_id, plan in self._plans.items() if plan.prefill_done}
-        kept = [pair for req_id, plan in self._plans.items() for pair in self._scheduled(req_id, plan, scheduler_output)]
-        self._hold_new_prompts = any(plan.prefill_done and req_id not in prefilled for req_id, plan in self._plans.items())
+    def _restored_over(self, scheduler_output: Any) -> list[tuple[int, int]]:
+        """The blocks of the decode requests whose recompute of the last prompt token is this step
+        (restore_last.py); a request scheduled otherwise (recomputing its whole prompt after a preemption) has none."""
+        config, kept = self._kv_cache_config, []
+        for new in scheduler_output.scheduled_new_reqs:
+            prompt_tokens = self._restores.pop(new.req_id, None)
+            if prompt_tokens is not None and new.num_computed_tokens == prompt_tokens - 1:
+                kept += restore_last.kept_blocks(tuple(new.block_ids), num_prompt_tokens=prompt_tokens,
+                                                 state_groups=_state_groups(config),
+                                                 attention_block_sizes=_attention_block_sizes(config))
+        for req_id in scheduler_output.scheduled_cached_reqs.req_ids:
+            self._restores.pop(req_id, None)
         return kept
-
-    def _scheduled(self, req_id: str, plan: before_last.Plan, output: Any) -> list[tuple[int, int]]:
-        num_scheduled = output.num_scheduled_tokens.get(req_id)
-        if not num_scheduled:
-            return []
-        new_blocks, resumed, computed = None, False, plan.prompt_tokens
-        for new in output.scheduled_new_reqs:
-            if new.req_id == req_id:
-                computed = new.num_computed_tokens
-        cached = output.scheduled_cached_reqs
-        if req_id in cached.req_ids:
-            index = cached.req_ids.index(req_id)
-            new_blocks, computed = cached.new_block_ids[index], cached.num_computed_tokens[index]
-            resumed = req_id in cached.resumed_req_ids
-        return plan.scheduled(num_computed_tokens=computed, num_scheduled_tokens=num_scheduled,
-                              new_block_ids=new_blocks, resumed=resumed,
-                              state_groups=_state_groups(self._kv_cache_config))
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         delay_free, params = super().request_finished(request, block_ids)
-        return delay_free, self._mark(request, mark_reply(request.kv_transfer_params, params))
+        return delay_free, self._finished(request, params)
 
     def request_finished_all_groups(  # vLLM's scheduler calls this one for a hybrid (SupportsHMA)
             self, request: Any, block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
         delay_free, params = super().request_finished_all_groups(request, block_ids)
-        return delay_free, self._mark(request, mark_reply(request.kv_transfer_params, params))
+        return delay_free, self._finished(request, params)
 
-    def _mark(self, request: Any, params: dict[str, Any] | None) -> dict[str, Any] | None:
-        self._dropped.pop(request.request_id, None)
-        plan = self._plans.pop(request.request_id, None)
-        if plan is None or self.connector_scheduler is None:
-            return params
-        plan.finished(list(request.output_token_ids))
-        return before_last.mark_reply(plan, params, _clipped(self.connector_scheduler, plan.step_one_blocks))
+    def _finished(self, request: Any, params: dict[str, Any] | None) -> dict[str, Any] | None:
+        self._restores.pop(request.request_id, None)
+        return mark_reply(request.kv_transfer_params, params)
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         super().bind_connector_metadata(connector_metadata)
         # before the forward, in its stream's order (vLLM's KVConnectorModelRunnerMixin, 0.26 and 0.32)
         self._kept_states = [(tensor, block, tensor[block].clone())
                              for group, block in getattr(connector_metadata, "pdserve_kept_states", ())
-                             for tensor in self._state_layers.get(group, ())]
+                             for tensor in self._layers.get(group, ())]
 
     def wait_for_save(self) -> None:
-        for tensor, block, kept in self._kept_states:  # after the forward: the state after n - 1 again
+        for tensor, block, kept in self._kept_states:  # after the forward: the blocks as they were before it
             tensor[block].copy_(kept)
         self._kept_states = []
         super().wait_for_save()  # type: ignore[no-untyped-call]
@@ -202,11 +168,14 @@ class NixlConnector(ProgressNixlConnector):
         if worker is not None and worker.use_host_buffer and worker._has_mamba:
             _stage_through_mirror(worker)
         config = self._kv_cache_config
-        self._state_layers = {group: [view for name in config.kv_cache_groups[group].layer_names if name in kv_caches
-                                      for view in _state_views(kv_caches[name], page_size_bytes=spec.page_size_bytes,
-                                                               num_blocks=config.num_blocks)]
-                              for group in _state_groups(config)
-                              for spec in [config.kv_cache_groups[group].kv_cache_spec]}
+        self._layers = {group: [view for name in config.kv_cache_groups[group].layer_names if name in kv_caches
+                                for view in _state_views(kv_caches[name], page_size_bytes=spec.page_size_bytes,
+                                                         num_blocks=config.num_blocks)]
+                        for group in _state_groups(config)
+                        for spec in [config.kv_cache_groups[group].kv_cache_spec]}
+        self._layers.update({group: [_attention_blocks(kv_caches[name], num_blocks=config.num_blocks)
+                                     for name in config.kv_cache_groups[group].layer_names if name in kv_caches]
+                             for group in _attention_block_sizes(config)})
         super().register_kv_caches(kv_caches)
 
 
@@ -222,6 +191,26 @@ def _state_views(cache: Any, *, page_size_bytes: int, num_blocks: int) -> list[t
                        (page_size_bytes, 1))]
 
 
+def _attention_blocks(cache: torch.Tensor, *, num_blocks: int) -> torch.Tensor:
+    """An attention layer's KV cache indexed by logical block. vLLM lays a hybrid model's out with blocks outermost in
+    memory, each as whole kernel blocks where its kernels take smaller ones, whatever the dimension's place in the
+    shape (``_update_hybrid_attention_mamba_layout``, 0.26: (2, blocks, ...) restrided; ``allocate_kv_cache``, 0.32:
+    blocks first). Raises ValueError on another layout: a decode engine that could not undo its recompute of a
+    prompt's last token would write a wrong reply (restore_last.py)."""
+    block_dim = max(range(cache.dim()), key=cache.stride)
+    if cache.shape[block_dim] % num_blocks:
+        raise ValueError(f"pdserve: an attention KV cache of shape {tuple(cache.shape)} and strides {cache.stride()} "
+                         f"has no dimension of {num_blocks} blocks outermost")
+    moved = cache.movedim(block_dim, 0)
+    return moved.view(num_blocks, -1, *moved.shape[1:])  # splitting one dimension: a view whatever its strides
+
+
+def _attention_block_sizes(kv_cache_config: Any) -> dict[int, int]:
+    """The KV cache groups of attention layers, and their tokens per block."""
+    return {index: group.kv_cache_spec.block_size for index, group in enumerate(kv_cache_config.kv_cache_groups)
+            if not isinstance(group.kv_cache_spec, MambaSpec)}
+
+
 def _state_groups(kv_cache_config: Any) -> list[int]:
     """The KV cache groups of recurrent layers."""
     return [index for index, group in enumerate(kv_cache_config.kv_cache_groups)
@@ -234,20 +223,3 @@ def _cached_state_block_size(kv_cache_config: Any) -> int | None:
              for group in _state_groups(kv_cache_config)
              if kv_cache_config.kv_cache_groups[group].kv_cache_spec.mamba_cache_mode != "none"]
     return min(sizes) if sizes else None
-
-
-def _clipped(scheduler: Any, block_ids: before_last.BlockIds) -> before_last.BlockIds:
-    """``block_ids`` clipped as vLLM's connector clips those it hands over (sliding windows; 0.32 also keeps a
-    recurrent group's running state block only)."""
-    if hasattr(scheduler, "get_exchange_clipped_blocks"):  # 0.32
-        return tuple(scheduler.get_exchange_clipped_blocks(block_ids))
-    return tuple(scheduler.get_sw_clipped_blocks(block_ids))  # 0.26
-
-
-def _can_plan(scheduler: Any, vllm_config: Any) -> bool:
-    """Whether the two steps of state_before_last.py fit this engine: it loads pdserve's logits processor (which
-    forces x), has no sliding-window group (its blocks are clipped to a window's tail, not step 1's) and no
-    speculative scratch slots beside the running state."""
-    processors = vllm_config.model_config.logits_processors or ()  # as named, or the classes once loaded
-    return (any(processor in (FIRST_TOKEN_PROCESSOR, FirstTokenProcessor) for processor in processors)
-            and not any(scheduler.blocks_per_sw) and not any(getattr(scheduler, "_ssm_spec_blocks", None) or ()))

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from pdserve_vllm import STATE_BEFORE_LAST_KEPT_KEY, STATE_BEFORE_LAST_KEY, WHOLE_PROMPT_KEPT_KEY, WHOLE_PROMPT_KEY
+from pdserve_vllm import WHOLE_PROMPT_KEPT_KEY, WHOLE_PROMPT_KEY
 
 KV_PARAMS = {"remote_engine_id": "fake", "remote_block_ids": [3, 4], "remote_host": "127.0.0.1", "remote_port": 1}
 FIRST_TOKEN_ID = 7  # the token a prefill reply samples
@@ -52,9 +52,6 @@ class FakeEngine:
     prefill_stops_short: int = 0  # prompt tokens a prefill leaves to the decode engine (1: a hybrid model's)
     # A hybrid's prefill engine running pdserve_vllm.hybrid_connector: one asked for the whole prompt computes it.
     keeps_whole_prompt: bool = False
-    # One asked for the state before the last prompt token (pdserve_vllm/state_before_last.py): True, it outputs
-    # that token ("\n", its last prompt id) and then its own; False, it says it lost that state (preempted).
-    keeps_state_before_last: bool | None = None
     # A decode reply's usage.prompt_tokens_details.cached_tokens, as vLLM with --enable-prompt-tokens-details
     # gives it (entrypoints/openai/chat_completion/serving.py, num_cached_tokens); None: no details.
     # The prompt's length: its KV came over; 0: the engine computed it again (its pull failed).
@@ -167,12 +164,6 @@ class FakeEngine:
                                      "prompt_token_ids": None, "kv_transfer_params": kv_params}
             if body.get("return_token_ids"):
                 chat_choice["token_ids"], reply["prompt_token_ids"] = [FIRST_TOKEN_ID], ids
-            if body["kv_transfer_params"].get(STATE_BEFORE_LAST_KEY) and self.keeps_state_before_last is not None:
-                kv_params[STATE_BEFORE_LAST_KEPT_KEY] = self.keeps_state_before_last
-                chat_choice["token_ids"] = [ids[-1], FIRST_TOKEN_ID]
-                chat_choice["message"] = {**message, "content": "\n" + message["content"]}
-                chat_choice["logprobs"] = {"content": [{"token": "\n", "logprob": 0.0},
-                                                       {"token": message["content"], "logprob": 0.0}]}
             return reply
         choice: dict[str, Any] = {"index": 0, "text": self.words[0], "logprobs": None, "finish_reason": "length",
                                   "stop_reason": None}

@@ -41,7 +41,7 @@ from pdserve.pd.engine_reply import EngineReply
 from pdserve.pd.first_token import FirstToken, Reason
 from pdserve.pd.kv import KVTransferParams
 from pdserve.pd.kv_proof import KvOutcome, RecomputeReason
-from pdserve.pd.lead import Lead, make_lead
+from pdserve.pd.lead import Lead, forced_body, make_lead
 from pdserve.pd.native_relay import NativeRelay
 from pdserve.role import Role
 from pdserve.routing import breaker
@@ -76,7 +76,6 @@ class Orchestrator:
         self._spec, self._connector, self._metrics, self._handoffs = spec, connector, metrics, handoffs
         self._releases: set[asyncio.Task[None]] = set()  # handoffs being given back (owned: see close)
         self._said_whole_prompt_refused = False  # the warning that prefill engines cut hybrid prompts short, once
-        self._said_state_before_last_refused = False  # the same for a hybrid's chat
         self.recent = RecentRequests() if recent is None else recent  # what the live page lists
 
     async def run(self, call: Call) -> Reply:
@@ -103,12 +102,15 @@ class Orchestrator:
                 return self._first_token_only(call, first)
             made = make_lead(call.body, first, kv, path=call.path)
         self._count_first_token(call, made if isinstance(made, Reason) else Reason.ELIGIBLE)
-        if isinstance(made, Reason) and kv is not None and kv.is_whole_prompt:
-            # a hybrid's state after the whole prompt lines up with no decode prompt but the lead's: prefill again
-            self._release(kv, call.request_id)
-            kv = None
         lead = None
-        if isinstance(made, Reason):
+        if isinstance(made, Reason) and kv is not None and kv.is_whole_prompt:
+            if isinstance(kv.first, FirstToken) and first_token.is_forced(call.body, path=call.path):
+                decode_body = forced_body(call.body, kv.first, kv)  # the token from the decode engine, as one writes it
+            else:  # a hybrid's state after the whole prompt lines up with no other decode leg: prefill again
+                self._release(kv, call.request_id)
+                kv = None
+                decode_body = call.body
+        elif isinstance(made, Reason):
             decode_body = call.body if kv is None else decode.make_body(call.body, kv)
         else:
             decode_body, lead = made
@@ -186,9 +188,6 @@ class Orchestrator:
         if isinstance(kv.first, Reason):
             if kv.first is Reason.PREFILL_STOPPED_SHORT and not first_token.is_forced(call.body, path=call.path):
                 self._say_whole_prompt_refused(kv)
-            elif kv.first is Reason.PREFILL_STOPPED_SHORT and first_token.asks_state_before_last(call.body,
-                                                                                                 path=call.path):
-                self._say_state_before_last_refused(kv)
             return kv.first
         first = first_token.for_client(call.body, kv.first, path=call.path, max_model_len=self._max_model_len())
         if call.path != resume.CHAT_PATH or not self._engines_parse_chat:
@@ -202,18 +201,8 @@ class Orchestrator:
             self._said_whole_prompt_refused = True
             log.warning("prefill engine %s stops a hybrid model's prompts a token short although asked for the whole "
                         "prompt: it does not load pdserve_vllm.hybrid_connector, or that cannot change its vLLM's "
-                        "NixlConnector (its log says); streamed completions get the decode engine's first token",
+                        "NixlConnector (its log says); such requests get the decode engine's first token",
                         kv.prefill_url)
-
-    def _say_state_before_last_refused(self, kv: KVTransferParams) -> None:
-        """Once: a prefill engine asked to sample a hybrid chat's token after the whole prompt stopped it a token
-        short, so that request got the decode engine's first token (pdserve_vllm/state_before_last.py)."""
-        if not self._said_state_before_last_refused:
-            self._said_state_before_last_refused = True
-            log.warning("prefill engine %s stops a hybrid model's chat prompt a token short although asked to sample "
-                        "after the whole prompt: it does not load pdserve_vllm.hybrid_connector, that cannot plan it "
-                        "with its vLLM (its log says), or this prompt's last token would stop the request or complete "
-                        "a cached state block; such chats get the decode engine's first token", kv.prefill_url)
 
     def _count_first_token(self, call: Call, reason: Reason) -> None:
         source = Role.PREFILL if reason is Reason.ELIGIBLE else Role.DECODE
@@ -262,10 +251,9 @@ class Orchestrator:
 
     async def _run_prefill(self, call: Call, key: PromptKey, wants_first_token: bool) -> KVTransferParams:
         body = prefill.make_body(call.body, connector=self._connector, wants_first_token=wants_first_token,
-                                 wants_whole_prompt=wants_first_token and not first_token.is_forced(call.body,
-                                                                                                     path=call.path),
-                                 wants_state_before_last=wants_first_token and first_token.asks_state_before_last(
-                                     call.body, path=call.path))
+                                 wants_whole_prompt=wants_first_token,
+                                 wants_restore_last=wants_first_token and first_token.is_forced(call.body,
+                                                                                                 path=call.path))
 
         async def attempt(endpoint: Endpoint) -> KVTransferParams:
             trace = call.trace.leg(Role.PREFILL, endpoint.url)

@@ -23,20 +23,14 @@ would) and the decode engine carries on after it (pd/lead.py), in one of two way
   client's request, and pdserve's logits processor in the decode engine (pdserve_vllm/first_token.py)
   makes its first output token the prefill engine's. That engine then writes one engine's whole stream;
   the gateway drops the events of that first step, which the client had already.
-  A hybrid's decode engine loads n - 1 of the chat's n prompt tokens with the recurrent state after n - 1 and
-  computes the last itself (a chat's prompt cannot be lengthened by the token: that engine renders it), so its
-  prefill leg asks (``asks_state_before_last``: none of the fields read the first output token as output) for
-  two steps (pdserve_vllm/state_before_last.py): the prefill engine outputs the prompt's last token, then
-  computes it from the state after n - 1 as the decode engine will and samples the first token, and hands over
-  the state from before that step. ``read`` takes the reply's second token, and its message without the last
-  prompt token's text (its logprobs entry's) where that is told, else Reason.PARSER_UNSURE.
-
+  A hybrid's decode engine would load n - 1 of its n prompt tokens (a chat's prompt cannot be lengthened by the
+  token: that engine renders it) and compute the last from the recurrent state after n - 1, so both legs ask
+  (``RESTORE_LAST_KEY``): its prefill engine computes the whole prompt, and the decode engine loads all of it and
+  undoes its recompute of the last token (pdserve_vllm/restore_last.py).
 Not where the output could differ from one engine's (``why_not`` names each case): a prefill engine that
 stopped a hybrid's prompt a token short (``remote_num_tokens`` < the prompt), whose token follows n - 1 tokens:
-a forced completion (its penalties, stop strings, seed or grammar would see the last prompt token as output in
-those two steps), a chat whose prefill engine does not load pdserve_vllm.hybrid_connector or could not plan
-the two steps (the gateway says so once), and a streamed completion whose prefill engine does not load it.
-a chat request with stop strings to engines that parse reasoning or tool calls (the text held back for
+one that does not load pdserve_vllm.hybrid_connector (the gateway says so once), and a forced request whose
+prompt's last token ends or starts a cached state block (pdserve_vllm/restore_last.py); a chat request with stop strings to engines that parse reasoning or tool calls (the text held back for
 them reaches the parser with a later token), or whose first token's streamed delta the prefill engine's
 whole reply does not tell (pd/first_delta.py); logprobs, echo and token ids
 describe the first token in fields the gateway does not rebuild; n > 1; continuous usage stats.
@@ -50,7 +44,6 @@ from enum import StrEnum
 from typing import Any
 
 from pdserve.pd import resume
-from pdserve_vllm import STATE_BEFORE_LAST_KEPT_KEY
 
 
 class Reason(StrEnum):
@@ -109,14 +102,6 @@ def why_not(body: dict[str, Any], *, path: str, is_stream: bool, decode_forces: 
     return None
 
 
-def asks_state_before_last(body: dict[str, Any], *, path: str) -> bool:
-    """Whether ``body``'s prefill leg asks a hybrid model's prefill engine to sample after the whole prompt and hand
-    over the state before its last token (pdserve_vllm/state_before_last.py): a chat request none of whose fields
-    reads the first output token as output, for the prefill engine has the prompt's last token as its own first
-    output (penalties, min_tokens, stop strings, a seed's draws or a grammar would see it there)."""
-    return path == resume.CHAT_PATH and not _spans_first_two(body)
-
-
 def is_forced(body: dict[str, Any], *, path: str) -> bool:
     """Whether the decode engine is to be given the first token as output (pdserve_vllm's logits
     processor), not as prompt: always for chat, and for a completion whose fields span the first two tokens."""
@@ -157,19 +142,16 @@ def read(reply: dict[str, Any]) -> FirstToken | Reason:
     whole prompt (a hybrid model's)."""
     try:
         choice = reply["choices"][0]
-        is_after_last = reply["kv_transfer_params"].get(STATE_BEFORE_LAST_KEPT_KEY) is True
-        token_id = _token_after_last(choice) if is_after_last else _only_token(choice)
+        (token_id,) = choice["token_ids"]
         is_chat = "message" in choice
         # vLLM puts a completion's prompt ids in its choice (its JSON ints taken as they are: converting each
         # again cost 200 µs per 4k-token prompt, bench/first_token_cost.py); a chat's count is its usage's, which
         # vLLM counts as len(prompt_token_ids) (chat_completion/serving.py, 0.26 and 0.32).
         prompt = () if is_chat else tuple(choice["prompt_token_ids"])
         prompt_tokens = int(reply["usage"]["prompt_tokens"]) if is_chat else len(prompt)
-        message = (_without_last_prompt_token(choice) if is_after_last else choice["message"]) if is_chat else None
-        if is_chat and message is None:
-            return Reason.PARSER_UNSURE
+        message = choice["message"] if is_chat else None
         text = message.get("content") if message is not None else choice.get("text")
-        computed = prompt_tokens if is_after_last else reply["kv_transfer_params"].get("remote_num_tokens")
+        computed = reply["kv_transfer_params"].get("remote_num_tokens")
         first = FirstToken(token_id=int(token_id), text=str(text or ""),
                            finish_reason=choice.get("finish_reason"), stop_reason=choice.get("stop_reason"),
                            prompt_tokens=prompt_tokens, prompt_token_ids=prompt, reply_id=str(reply["id"]), created=int(reply["created"]),
@@ -196,41 +178,9 @@ def without_chat_prompt_ids(raw: bytes) -> bytes:
     return raw[:found.start()] + b'"prompt_token_ids":null' + raw[raw.index(b"]", found.end()) + 1:]
 
 
-def _only_token(choice: dict[str, Any]) -> int:
-    (token_id,) = choice["token_ids"]
-    return int(token_id)
-
-
-def _token_after_last(choice: dict[str, Any]) -> int:
-    """The token a prefill engine sampled after the whole prompt where it output the prompt's last token first
-    (pdserve_vllm/state_before_last.py): its second."""
-    _, token_id = choice["token_ids"]
-    return int(token_id)
-
-
 def message_texts(message: dict[str, Any]) -> dict[str, str]:
     """A chat message's text fields that hold text (content, reasoning), by name."""
     return {field: message[field] for field in _TEXT_FIELDS if message.get(field)}
-
-
-def _without_last_prompt_token(choice: dict[str, Any]) -> dict[str, Any] | None:
-    """A chat reply's message of the prompt's last token x and the first token T, as one engine's for T alone would
-    be; None where the reply does not tell. vLLM writes a reply's text as its detokenizer's increments, x's then
-    T's, and each increment is the token's own text (its logprobs entry's) with or without one space before it
-    (byte-level BPE: without; a decoder that joins words with spaces, or SentencePiece's word start: with). So the
-    one text field the parser left must split into x's increment and T's in exactly one of those ways, and neither
-    token's text may hold a ``<`` (a tag the parser reads, and around which a detokenizer may add spaces)."""
-    message = choice["message"]
-    last_text, first_text = (entry["token"] for entry in choice["logprobs"]["content"])
-    texts = message_texts(message)
-    if len(texts) != 1 or message.get("tool_calls") or not first_text or "<" in last_text + first_text:
-        return None
-    ((field, text),) = texts.items()
-    rests = [text[len(lead):] for lead in (last_text, " " + last_text)
-             if text.startswith(lead) and text[len(lead):] in (first_text, " " + first_text)]
-    if len(rests) != 1:
-        return None
-    return {**{key: value for key, value in message.items() if key not in _TEXT_FIELDS}, field: rests[0]}
 
 
 def for_client(body: dict[str, Any], first: FirstToken, *, path: str, max_model_len: int | None) -> FirstToken:

@@ -16,7 +16,7 @@ from pdserve.pd import first_events, first_token, resume
 from pdserve.pd.first_token import FirstToken, Reason
 from pdserve.pd.kv import KVTransferParams
 from pdserve.protocol import SSE_EVENT_PREFIX
-from pdserve_vllm import FIRST_TOKEN_ARG
+from pdserve_vllm import FIRST_TOKEN_ARG, RESTORE_LAST_KEY
 
 USAGE_MARK = b'"usage":{'  # vLLM's usage event, compact JSON (pydantic's model_dump_json)
 
@@ -41,13 +41,14 @@ def make_lead(body: dict[str, Any], first: FirstToken, kv: KVTransferParams, *,
     the reason there is none where kv.py cannot map the blocks onto the prompt plus that token."""
     if first_token.is_forced(body, path=path):
         text = first_token.streamed_text(body, first.text)
-        continuation = {**body, "vllm_xargs": {**(body.get("vllm_xargs") or {}), FIRST_TOKEN_ARG: first.token_id}}
+        decode_body = forced_body(body, first, kv)
         field = _text_field(first, path=path)
-        lead = Lead(first_events.token_events(body, first, path=path, text=text), continuation, is_forced=True,
+        lead = Lead(first_events.token_events(body, first, path=path, text=text),
+                    {key: value for key, value in decode_body.items() if key != "kv_transfer_params"}, is_forced=True,
                     echoed_events=(2 if field else 1) if path == resume.CHAT_PATH else 1,
                     text=text if field in ("text", "content") else str((first.delta or {}).get(field or "", "")),
                     text_field=field)
-        return {**continuation, "kv_transfer_params": dict(kv.fields)}, lead
+        return decode_body, lead
     fields = kv.fields_for_prompt(first.prompt_tokens + 1)
     if fields is None:
         return Reason.BLOCKS_UNMAPPED
@@ -56,6 +57,15 @@ def make_lead(body: dict[str, Any], first: FirstToken, kv: KVTransferParams, *,
     lead = Lead(first_events.token_events(body, first, path=path, text=first.text), continuation, is_forced=False,
                 echoed_events=0, text=first.text)
     return {**continuation, "kv_transfer_params": fields}, lead
+
+
+def forced_body(body: dict[str, Any], first: FirstToken, kv: KVTransferParams) -> dict[str, Any]:
+    """The decode leg that writes ``first`` (the prefill engine's token) as its own first output token, pdserve's
+    logits processor forcing it, with the handoff ``kv``; a hybrid's whole-prompt handoff asks that engine to undo
+    its recompute of the prompt's last token (pdserve_vllm/restore_last.py)."""
+    restore = {RESTORE_LAST_KEY: True} if kv.is_whole_prompt else {}
+    return {**body, "vllm_xargs": {**(body.get("vllm_xargs") or {}), FIRST_TOKEN_ARG: first.token_id},
+            "kv_transfer_params": {**kv.fields, **restore}}
 
 
 def _text_field(first: FirstToken, *, path: str) -> str | None:

@@ -14,24 +14,22 @@ from pdserve.pd.engine_http import EngineClient
 from pdserve.pd.engine_reply import EngineUnreachable
 from pdserve.pd.kv import REMOTE_DECODE_REQUEST, KVTransferParams
 from pdserve.role import Role
-from pdserve_vllm import STATE_BEFORE_LAST_KEPT_KEY, STATE_BEFORE_LAST_KEY, WHOLE_PROMPT_KEY
+from pdserve_vllm import RESTORE_LAST_KEY, WHOLE_PROMPT_KEY
 
 # Fields that make no sense for a one-token, non-streamed prefill.
 _DROPPED_FIELDS = ("stream_options", "min_tokens", "max_completion_tokens", "logprobs", "top_logprobs")
 
 
 def make_body(body: dict[str, Any], *, connector: str, wants_first_token: bool = False,
-              wants_whole_prompt: bool = False, wants_state_before_last: bool = False) -> dict[str, Any]:
+              wants_whole_prompt: bool = False, wants_restore_last: bool = False) -> dict[str, Any]:
     """The client's request reshaped for the prefill leg. Pure.
 
     One token, not streamed: the reply is then a single JSON object that carries the
     ``kv_transfer_params`` the decode engine needs to pull the cache; with ``wants_first_token``
     also the prompt's and the token's ids (pd/first_token.py); with ``wants_whole_prompt`` a hybrid
-    model's prefill engine computes the last prompt token too (pdserve_vllm/whole_prompt.py): only for
-    a decode leg of the prompt plus that engine's token (pd/lead.py), the one it lines up with; with
-    ``wants_state_before_last`` (a chat's, first_token.asks_state_before_last) it samples after the whole
-    prompt and hands over the state before its last token (pdserve_vllm/state_before_last.py), and the reply's
-    logprobs give that token's text, which the reply's message then starts with (first_token.read).
+    model's prefill engine computes the last prompt token too (pdserve_vllm/whole_prompt.py), for a decode leg of
+    the prompt plus that engine's token (pd/lead.py) or, with ``wants_restore_last``, for one given that token as
+    output, whose engine undoes its recompute of the last prompt token (pdserve_vllm/restore_last.py).
     """
     prefill_body = {key: value for key, value in body.items() if key not in _DROPPED_FIELDS}
     prefill_body.update(
@@ -45,9 +43,8 @@ def make_body(body: dict[str, Any], *, connector: str, wants_first_token: bool =
         prefill_body["return_token_ids"] = True
     if wants_whole_prompt:
         prefill_body["kv_transfer_params"][WHOLE_PROMPT_KEY] = True
-    if wants_state_before_last:
-        prefill_body["kv_transfer_params"][STATE_BEFORE_LAST_KEY] = True
-        prefill_body.update(logprobs=True, top_logprobs=0)
+    if wants_restore_last:
+        prefill_body["kv_transfer_params"][RESTORE_LAST_KEY] = True
     return prefill_body
 
 
@@ -64,8 +61,7 @@ async def run(
     """POST the prefill body to ``url``; return the engine's KV transfer parameters, and its token
     with ``wants_first_token`` (the body made so by ``make_body``).
 
-    ``timeout_s`` bounds the whole leg. Raises UpstreamRejected (4xx, e.g. prompt too long) or LegFailed (also
-    where a hybrid's engine asked for the state before the prompt's last token says it could not keep it).
+    ``timeout_s`` bounds the whole leg. Raises UpstreamRejected (4xx, e.g. prompt too long) or LegFailed.
     """
     deadline_s = asyncio.get_running_loop().time() + timeout_s
     response = await legs.post(client, url, body, role=Role.PREFILL, request_id=request_id, timeout_s=timeout_s,
@@ -84,9 +80,6 @@ async def run(
     params = reply.get("kv_transfer_params") if isinstance(reply, dict) else None
     if not params:
         detail = "reply has no kv_transfer_params: is the engine started with a KV connector?"
-        raise LegFailed(Role.PREFILL, url, 200, detail)
-    if params.get(STATE_BEFORE_LAST_KEPT_KEY) is False:  # preempted between its two steps: no state to hand over
-        detail = "the engine lost the recurrent state before the prompt's last token (pdserve_vllm/state_before_last.py)"
         raise LegFailed(Role.PREFILL, url, 200, detail)
     prompt_tokens = int((reply.get("usage") or {}).get("prompt_tokens") or 0)
     first = first_token.read(reply) if wants_first_token else None

@@ -196,30 +196,29 @@ def near_tie_or_equal(stack: Stack, body: dict[str, Any], pd: list[Any], local: 
 
 def test_the_tiny_hybrids_chat_through_the_parsers_leads_with_the_prefill_engines_token(
         tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Its prefill engine outputs the prompt's last token, samples after it and hands over the state from before it
-    (pdserve_vllm/state_before_last.py): one engine's stream up to bfloat16 near-ties, which vLLM's own handoff
-    has too (its decode engine computes the last prompt token alone); prompts around the state's 256-token blocks
-    (the step that samples starts a new block, or stays in the last; one that would complete a block is left to
-    the decode engine). A generation prompt, which ends with the template's tag, is left to the decode engine too:
-    the prefill reply's message of that tag and the token does not tell the token's delta (parser_unsure)."""
+    """Its prefill engine computes the whole prompt and samples the first token; its decode engine, given that token
+    as output, loads the whole prompt and undoes its recompute of the last prompt token (pdserve_vllm/restore_last.py):
+    one engine's stream up to bfloat16 near-ties, which vLLM's own handoff has too (its decode engine computes the
+    last prompt token alone); a generation prompt, which ends with the template's tag, too; prompts around the state's
+    256-token blocks: one that ends a block or starts one is left to the decode engine (prefill_stopped_short)."""
     workdir = tmp_path_factory.mktemp("hybrid-parsers")
     model_dir = build_model(workdir / "model", "--shape", "qwen3-next-tiny", "--random-weights")
     stack = parser_stack(workdir, model_dir, max_model_len=1024)
     try:
         template_tokens = httpx.post(stack.base_url + "/v1/chat/completions", headers=LOCAL, timeout=300, json={
             **continued(1), "max_tokens": 1, "stream": False, "stream_options": None}).json()["usage"]["prompt_tokens"] - 1
-        eligible = [continued(2), continued(3, tools=TOOLS), continued(5, **NO_THINKING)] + [
-            continued(STATE_BLOCK_TOKENS + offset - template_tokens) for offset in (-1, 1)]
+        eligible = [continued(2), continued(3, tools=TOOLS), continued(5, **NO_THINKING), chat(messages=QUESTION_HYBRID),
+                    continued(STATE_BLOCK_TOKENS - 1 - template_tokens), continued(STATE_BLOCK_TOKENS + 2 - template_tokens)]
         reasons = ("eligible", "parser_unsure", "prefill_stopped_short")
         before = {reason: chat_first_tokens(stack, reason) for reason in reasons}
         for body in eligible:
             pd, local = stream(stack, body), stream(stack, body, headers=LOCAL)
             assert pd[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""} and pd[-1] == "data: [DONE]"
             near_tie_or_equal(stack, body, pd, local)
-        for body in (chat(messages=QUESTION_HYBRID), continued(STATE_BLOCK_TOKENS - template_tokens)):
+        for body in (continued(STATE_BLOCK_TOKENS + offset - template_tokens) for offset in (0, 1)):
             pd = stream(stack, body)
             assert pd[-2]["usage"]["completion_tokens"] > 1 and pd[-1] == "data: [DONE]"
         after = {reason: chat_first_tokens(stack, reason) - before[reason] for reason in reasons}
-        assert after == {"eligible": len(eligible), "parser_unsure": 1, "prefill_stopped_short": 1}
+        assert after == {"eligible": len(eligible), "parser_unsure": 0, "prefill_stopped_short": 2}
     finally:
         stop_stack(stack)

@@ -7,7 +7,8 @@ engine itself rates PD's token within bfloat16 rounding of its own choice (a nea
 
 A streamed completion is the exception: its prefill engine computes the whole prompt as one engine does and its
 token leads the stream (pdserve_vllm/whole_prompt.py), and the decode engine computes that token from the state
-after the prompt as one engine's second step does, so its output is one engine's, event by event.
+after the prompt as one engine's second step does, so its output is one engine's, event by event; and so is one
+whose decode engine is given that token as output (pdserve_vllm/restore_last.py).
 """
 
 from __future__ import annotations
@@ -153,9 +154,12 @@ def test_a_streamed_completion_leads_with_the_prefill_engines_token_and_is_one_e
     assert transferred - transferred_before == prompt_tokens
 
 
-def test_a_completion_with_stop_strings_leaves_the_first_token_to_the_decode_engine(hybrid: Stack) -> None:
-    """Its decode engine is given the token as output, after the prompt a token short (pd/first_token.py)."""
-    before = first_tokens(hybrid, "/v1/completions", "prefill_stopped_short")
-    events = stream(hybrid, {"prompt": words(17, seed=17), "stop": ["zzzz"], "ignore_eos": True}, mode="pd")
-    assert events[-2]["usage"]["completion_tokens"] == OUTPUT_TOKENS and events[-1] == "data: [DONE]"
-    assert first_tokens(hybrid, "/v1/completions", "prefill_stopped_short") - before == 1
+def test_a_completion_with_stop_strings_leads_with_the_prefill_engines_token_too(hybrid: Stack) -> None:
+    """Its decode engine is given the token as output (pdserve's logits processor) and loads the whole prompt, whose
+    last token it recomputes and then undoes (pdserve_vllm/restore_last.py): one engine's output, event by event."""
+    before = first_tokens(hybrid, "/v1/completions", "eligible")
+    body = {"prompt": words(17, seed=17), "stop": ["zzzz"], "ignore_eos": True}
+    pd, local = stream(hybrid, body, mode="pd"), stream(hybrid, body, mode="local")
+    assert text_of(pd) == text_of(local) and pd[-2:] == local[-2:], (pd, local)  # the text, usage and [DONE]
+    assert pd[-2]["usage"]["completion_tokens"] == OUTPUT_TOKENS
+    assert first_tokens(hybrid, "/v1/completions", "eligible") - before == 1

@@ -14,9 +14,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, Mamb
 from vllm.v1.request import Request
 
 from pdserve_vllm import (
-    FIRST_TOKEN_ARG,
-    FIRST_TOKEN_PROCESSOR,
-    STATE_BEFORE_LAST_KEY,
+    RESTORE_LAST_KEY,
     WHOLE_PROMPT_KEPT_KEY,
     WHOLE_PROMPT_KEY,
 )
@@ -81,9 +79,9 @@ def test_the_backoff_is_read_from_the_scheduler_of_either_vllm_version() -> None
     assert prefill_backoff(SimpleNamespace(_has_mamba=True)) is None  # a truncation pdserve does not know
 
 
-def planning_connector(*, mamba_cache_mode: str = "none",
-                       logits_processors: tuple[str, ...] = (FIRST_TOKEN_PROCESSOR,)) -> NixlConnector:
-    """The connector above, over two KV cache groups: full attention (group 0) and recurrent state (group 1)."""
+def planning_connector(*, mamba_cache_mode: str = "none") -> NixlConnector:
+    """The connector above, over two KV cache groups: full attention (group 0) and recurrent state (group 1), 4 tokens
+    a block."""
     made = connector()
     scheduler = made.connector_scheduler
     assert scheduler is not None
@@ -93,70 +91,71 @@ def planning_connector(*, mamba_cache_mode: str = "none",
     attention = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=2, dtype=torch.float32)
     made._kv_cache_config = SimpleNamespace(kv_cache_groups=[KVCacheGroupSpec(["attn"], attention),
                                                              KVCacheGroupSpec(["state"], state)])
-    made._dropped, made._plans, made._hold_new_prompts = {}, {}, False
-    made._vllm_config = SimpleNamespace(model_config=SimpleNamespace(logits_processors=logits_processors))
+    made._restores = {}
     return made
 
 
-def allocated(made: NixlConnector, request: Request, block_ids: tuple[list[int], ...]) -> None:
-    made.update_state_after_alloc(request, SimpleNamespace(get_block_ids=lambda: block_ids), 0)
-
-
-def test_a_hybrids_chat_prefill_that_asks_outputs_the_dropped_token_first_and_samples_after_it() -> None:
-    made = planning_connector()
-    request = arrive(made, {**PREFILL, STATE_BEFORE_LAST_KEY: True})
-    assert request.prompt_token_ids == PROMPT[:-1]  # vLLM's own truncation
-    allocated(made, request, ([1], [2]))
-    assert request.max_tokens == 2 and request.sampling_params.extra_args[FIRST_TOKEN_ARG] == PROMPT[-1]
-
-
-@pytest.mark.parametrize(("mamba_cache_mode", "prompt", "stop_token_ids", "logits_processors"), [
-    ("none", PROMPT, [PROMPT[-1]], (FIRST_TOKEN_PROCESSOR,)),  # the dropped token would stop the request
-    ("align", [*PROMPT, 16, 17, 18], [], (FIRST_TOKEN_PROCESSOR,)),  # 8 tokens, 4 per state: step 2 completes one
-    ("none", PROMPT, [], ()),  # an engine without pdserve's logits processor cannot force the dropped token
-], ids=["stop token", "cached state block", "no logits processor"])
-def test_a_prefill_whose_dropped_token_may_not_lead_is_left_to_vllm(
-        mamba_cache_mode: str, prompt: list[int], stop_token_ids: list[int], logits_processors: tuple[str, ...]) -> None:
-    made = planning_connector(mamba_cache_mode=mamba_cache_mode, logits_processors=logits_processors)
-    params = {"kv_transfer_params": {**PREFILL, STATE_BEFORE_LAST_KEY: True}}
-    request = Request(request_id="r", prompt_token_ids=list(prompt), pooling_params=None,
-                      sampling_params=SamplingParams(max_tokens=1, stop_token_ids=stop_token_ids, extra_args=params))
+@pytest.mark.parametrize(("mamba_cache_mode", "prompt_tokens", "kept"), [
+    ("none", 8, True), ("align", 7, True), ("align", 8, False), ("align", 9, False),
+], ids=["states not cached by block", "inside a block", "ends a block", "starts a block"])
+def test_a_prefill_for_a_decode_engine_that_restores_keeps_its_whole_prompt_unless_it_ends_or_starts_a_state_block(
+        mamba_cache_mode: str, prompt_tokens: int, kept: bool) -> None:
+    made = planning_connector(mamba_cache_mode=mamba_cache_mode)
+    request = Request(request_id="r", prompt_token_ids=list(range(11, 11 + prompt_tokens)), pooling_params=None,
+                      sampling_params=SamplingParams(max_tokens=1, extra_args={"kv_transfer_params": {
+                          **PREFILL, WHOLE_PROMPT_KEY: True, RESTORE_LAST_KEY: True}}))
     made.on_new_request(request)
-    allocated(made, request, ([1, 2], [3]))
-    assert request.max_tokens == 1 and FIRST_TOKEN_ARG not in (request.sampling_params.extra_args or {})
-    assert request.prompt_token_ids == prompt[:-1]  # vLLM's own path
+    assert (request.num_prompt_tokens == prompt_tokens) is kept  # else vLLM's own truncation
 
 
-def step(*, new: dict[str, int] = {}, cached: dict[str, tuple[int, int]] = {}) -> SimpleNamespace:  # noqa: B006
-    """A scheduler output: ``new`` request id -> tokens scheduled (none computed before); ``cached`` request id ->
-    (tokens computed before, tokens scheduled), no new blocks, none resumed."""
+def step(*, new: dict[str, int]) -> SimpleNamespace:
+    """A scheduler output: ``new`` request id -> tokens scheduled (none computed before), no request from before."""
     return SimpleNamespace(
-        num_scheduled_tokens={**new, **{req_id: scheduled for req_id, (_, scheduled) in cached.items()}},
-        scheduled_new_reqs=[SimpleNamespace(req_id=req_id, num_computed_tokens=0) for req_id in new],
-        scheduled_cached_reqs=SimpleNamespace(req_ids=list(cached), new_block_ids=[None] * len(cached),
-                                              num_computed_tokens=[computed for computed, _ in cached.values()],
+        num_scheduled_tokens=new,
+        scheduled_new_reqs=[SimpleNamespace(req_id=req_id, num_computed_tokens=0, block_ids=()) for req_id in new],
+        scheduled_cached_reqs=SimpleNamespace(req_ids=[], new_block_ids=[], num_computed_tokens=[],
                                               resumed_req_ids=set()))
 
 
-def test_new_prompts_wait_out_the_one_step_that_samples_a_planned_chats_first_token() -> None:
-    made = planning_connector()
-    request = arrive(made, {**PREFILL, STATE_BEFORE_LAST_KEY: True})
-    allocated(made, request, ([1], [2]))
-    later = Request(request_id="later", prompt_token_ids=[21, 22, 23], pooling_params=None,
-                    sampling_params=SamplingParams(max_tokens=1))
-    own_answer = made.get_num_new_matched_tokens(later, 0)  # vLLM's, for a prompt with nothing to load
-    assert made._kept_over(step(new={"r": 4})) == [] and made._hold_new_prompts  # step 1 ran: step 2 is next
-    assert made.get_num_new_matched_tokens(later, 0) == (None, False)  # vLLM's "not known yet": it waits a step
-    assert made._kept_over(step(cached={"r": (4, 1)})) == [(1, 2)]  # step 2, alone, keeps the state block
-    assert not made._hold_new_prompts and made.get_num_new_matched_tokens(later, 0) == own_answer
+REMOTE = {"do_remote_prefill": True, "remote_block_ids": [[7, 8], [9]], "remote_engine_id": "p", "remote_request_id": "r",
+          "remote_host": "127.0.0.1", "remote_port": 5600}
 
 
-def test_a_hold_lasts_one_step_even_when_the_second_step_does_not_come() -> None:
+def decode_leg(made: NixlConnector, **params: Any) -> Request:
+    request = Request(request_id="d", prompt_token_ids=list(PROMPT), pooling_params=None, sampling_params=SamplingParams(
+        max_tokens=4, extra_args={"kv_transfer_params": {**REMOTE, **params}}))
+    made.on_new_request(request)
+    return request
+
+
+def pulled(made: NixlConnector, request: Request) -> None:
+    """vLLM's allocation of the decode leg's blocks for the whole prompt: two attention blocks, one state block."""
+    blocks = ([1, 2], [3])
+    scheduler = made.connector_scheduler
+    assert scheduler is not None
+    scheduler._reqs_need_recv = {}
+    scheduler.get_exchange_clipped_blocks = lambda block_ids: block_ids  # no sliding window, no speculative slots
+    made.update_state_after_alloc(request, SimpleNamespace(
+        get_block_ids=lambda: blocks, get_unhashed_block_ids_all_groups=lambda: blocks, blocks=([], [])), len(PROMPT))
+
+
+def test_a_hybrids_decode_leg_that_asks_loads_the_whole_prompt_and_keeps_what_the_last_tokens_recompute_writes() -> None:
     made = planning_connector()
-    allocated(made, arrive(made, {**PREFILL, STATE_BEFORE_LAST_KEY: True}), ([1], [2]))
-    made._kept_over(step(new={"r": 2}))
-    assert not made._hold_new_prompts  # half the prompt: no second step yet
-    made._kept_over(step(cached={"r": (2, 2)}))
-    assert made._hold_new_prompts
-    made._kept_over(step())  # preempted, or aborted: not scheduled
-    assert not made._hold_new_prompts
+    assert made.get_num_new_matched_tokens(decode_leg(made), 0) == (len(PROMPT) - 1, True)  # vLLM's own
+    request = decode_leg(made, **{RESTORE_LAST_KEY: True})
+    assert made.get_num_new_matched_tokens(request, 0) == (len(PROMPT), True)  # all of it: vLLM recomputes the last
+    pulled(made, request)
+    # the recompute (4 of 5 tokens computed, one scheduled): the state block, and the attention block of token 5
+    recompute = step(new={"d": 1})
+    recompute.scheduled_new_reqs[0].num_computed_tokens, recompute.scheduled_new_reqs[0].block_ids = 4, ([1, 2], [3])
+    assert made._restored_over(recompute) == [(1, 3), (0, 2)]
+    assert made._restored_over(recompute) == []  # once
+
+
+def test_a_decode_leg_that_recomputes_its_whole_prompt_keeps_nothing() -> None:
+    made = planning_connector()
+    request = decode_leg(made, **{RESTORE_LAST_KEY: True})
+    pulled(made, request)
+    recompute = step(new={"d": 5})  # preempted before its recompute: vLLM computes the whole prompt again
+    recompute.scheduled_new_reqs[0].block_ids = ([1, 2], [3])
+    assert made._restored_over(recompute) == [] and not made._restores

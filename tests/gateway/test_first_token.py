@@ -17,7 +17,7 @@ import pytest
 
 from pdserve.gateway.client_reply import ClientTransport
 from pdserve.pd.decode import RELEASE_MODEL
-from pdserve_vllm import STATE_BEFORE_LAST_KEY, WHOLE_PROMPT_KEY
+from pdserve_vllm import RESTORE_LAST_KEY, WHOLE_PROMPT_KEY
 from tests.conftest import metric
 from tests.fake_engine import FIRST_TOKEN_ID, KV_PARAMS, WORDS, FakeEngine
 from tests.gateway.test_app import MODEL, post
@@ -319,39 +319,57 @@ async def test_a_streamed_chat_gets_the_prefill_engines_token_first_and_the_deco
     assert chat_first_tokens(metrics, "eligible") - chat_first_tokens(before, "eligible") == 1
 
 
-async def hybrid_chat(*, keeps_state_before_last: bool) -> tuple[int, bytes, tuple[str, str], FakeEngine, FakeEngine]:
-    """A streamed chat through a hybrid's prefill engine (it stops the prompt a token short) that keeps, or lost,
-    the state before the prompt's last token: status, payload, the gateway's metrics before and after, the two
-    engines."""
-    prefill = FakeEngine(metrics_text=vllm_load_metrics(), prefill_stops_short=1,
-                         keeps_state_before_last=keeps_state_before_last)
+async def hybrid_chat(*, keeps_whole_prompt: bool, **prefill_settings: Any
+                      ) -> tuple[int, bytes, tuple[str, str], FakeEngine, FakeEngine]:
+    """A streamed chat through a hybrid's prefill engine (vLLM's connector stops the prompt a token short) that keeps
+    the whole prompt where asked (pdserve_vllm.hybrid_connector's), or not: status, payload, the gateway's metrics
+    before and after, the two engines."""
+    prefill = FakeEngine(metrics_text=vllm_load_metrics(), prefill_stops_short=1, keeps_whole_prompt=keeps_whole_prompt,
+                         **prefill_settings)
     decode = FakeEngine(metrics_text=vllm_load_metrics())
     async with gateway_over([prefill], [decode], kv_scrape_interval_s=0.05,
-                            decode_pool={"first_token_processor": True}) as base:
+                            decode_pool={"first_token_processor": True, "extra_args": PARSERS}) as base:
         before = await metrics_of(await settled(base))
         status, payload = await post(base, streamed_chat(), path="/v1/chat/completions")
         metrics = await metrics_of(base)
     return status, payload, (before, metrics), prefill, decode
 
 
-async def test_a_hybrids_chat_leads_with_the_token_its_prefill_engine_sampled_after_the_prompts_last() -> None:
-    status, payload, (before, metrics), prefill, decode = await hybrid_chat(keeps_state_before_last=True)
+async def test_a_hybrids_chat_leads_with_the_prefill_engines_token_and_its_decode_engine_undoes_the_last_tokens_recompute(
+        ) -> None:
+    status, payload, (before, metrics), prefill, decode = await hybrid_chat(keeps_whole_prompt=True)
     assert status == 200 and text_of(payload) == "".join(WORDS)
-    assert events(payload)[1]["choices"][0]["delta"] == {"content": WORDS[0]}  # the "\n" it output first is not
+    assert events(payload)[1]["choices"][0]["delta"] == {"content": WORDS[0]}  # the prefill engine's token
     (prefill_body,) = prefill.bodies
-    assert prefill_body["kv_transfer_params"][STATE_BEFORE_LAST_KEY] is True and prefill_body["logprobs"] is True
+    assert prefill_body["kv_transfer_params"][WHOLE_PROMPT_KEY] is prefill_body["kv_transfer_params"][RESTORE_LAST_KEY] is True
     (decode_body,) = decode.bodies
     assert decode_body["vllm_xargs"] == {"pdserve_first_token": FIRST_TOKEN_ID}
+    handoff = decode_body["kv_transfer_params"]
+    assert handoff["remote_block_ids"] == KV_PARAMS["remote_block_ids"] and handoff[RESTORE_LAST_KEY] is True
     assert chat_first_tokens(metrics, "eligible") - chat_first_tokens(before, "eligible") == 1
 
 
-async def test_a_hybrids_chat_whose_prefill_engine_lost_the_state_before_the_last_token_is_prefilled_locally() -> None:
-    status, payload, (before, metrics), _, decode = await hybrid_chat(keeps_state_before_last=False)
+async def test_a_hybrids_chat_whose_prefill_engine_stopped_short_takes_vllms_own_handoff_and_the_decode_engines_token(
+        ) -> None:
+    status, payload, (before, metrics), _, decode = await hybrid_chat(keeps_whole_prompt=False)
+    assert status == 200 and payload.endswith(b"data: [DONE]\n\n")
+    (decode_body,) = decode.bodies
+    assert "vllm_xargs" not in decode_body and RESTORE_LAST_KEY not in decode_body["kv_transfer_params"]
+    reason = "prefill_stopped_short"
+    assert chat_first_tokens(metrics, reason) - chat_first_tokens(before, reason) == 1
+
+
+async def test_a_hybrids_chat_whose_first_delta_the_prefill_reply_does_not_tell_gets_that_token_from_the_decode_engine(
+        ) -> None:
+    """The whole-prompt handoff lines up with no decode leg but one given the token as output: the decode engine writes
+    it as its own first token, which the client then gets from that engine."""
+    message = {"role": "assistant", "content": "<", "reasoning": None, "tool_calls": []}  # a tag's start?
+    status, payload, (before, metrics), _, decode = await hybrid_chat(keeps_whole_prompt=True, first_message=message)
     assert status == 200 and text_of(payload) == "".join(WORDS)
     (decode_body,) = decode.bodies
-    assert "kv_transfer_params" not in decode_body  # nothing of that handoff is pulled
-    fallbacks = 'pdserve_local_fallbacks_total{reason="prefill_failed"}'
-    assert metric(metrics, fallbacks) - metric(before, fallbacks) == 1
+    assert decode_body["vllm_xargs"] == {"pdserve_first_token": FIRST_TOKEN_ID}
+    assert decode_body["kv_transfer_params"][RESTORE_LAST_KEY] is True
+    assert chat_first_tokens(metrics, "parser_unsure") - chat_first_tokens(before, "parser_unsure") == 1
 
 
 async def test_a_chat_stays_on_the_decode_engines_token_where_that_engine_cannot_be_given_one_and_says_why() -> None:

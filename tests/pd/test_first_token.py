@@ -11,7 +11,7 @@ import pytest
 from pdserve.pd import first_token
 from pdserve.pd.first_token import FirstToken, Reason
 from pdserve.pd.kv import KVTransferParams
-from pdserve_vllm import STATE_BEFORE_LAST_KEPT_KEY, WHOLE_PROMPT_KEPT_KEY
+from pdserve_vllm import WHOLE_PROMPT_KEPT_KEY
 
 COMPLETIONS = "/v1/completions"
 FIRST = FirstToken(token_id=7, text=" the", finish_reason="length", stop_reason=None, prompt_tokens=3, prompt_token_ids=(1, 2, 3),
@@ -79,53 +79,6 @@ def test_a_chat_reply_is_read_with_its_prompt_counted_by_its_usage_and_a_hybrids
     assert isinstance(first, FirstToken) and (first.token_id, first.text, first.prompt_tokens) == (9, "Hi", 2)
     assert first_token.read({**reply, "kv_transfer_params": {"remote_num_tokens": 1}}) is Reason.PREFILL_STOPPED_SHORT
     assert first_token.read({**reply, "choices": [{}]}) is Reason.PREFILL_REPLY_UNREADABLE
-
-
-def after_last(message: dict[str, Any], *, last_text: str = "t6", first_text: str = "Hi") -> dict[str, Any]:
-    """A hybrid's chat prefill reply that output the prompt's last token (id 3) and then token 9, whose own texts
-    (their logprobs entries') are ``last_text`` and ``first_text``."""
-    return {"id": "chatcmpl-r", "created": 3, "model": "m", "prompt_token_ids": None, "usage": {"prompt_tokens": 3},
-            "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": "length",
-                         "stop_reason": None, "token_ids": [3, 9],
-                         "logprobs": {"content": [{"token": last_text, "logprob": 0.0},
-                                                  {"token": first_text, "logprob": 0.0}]}}],
-            "kv_transfer_params": {"remote_num_tokens": 2, STATE_BEFORE_LAST_KEPT_KEY: True}}
-
-
-@pytest.mark.parametrize(("field", "text", "delta"), [
-    ("content", "t6Hi", "Hi"),  # byte-level BPE: each increment is the token's own text
-    ("content", " t6 Hi", " Hi"),  # a decoder that joins words with spaces (the tiny hybrid's)
-    ("reasoning", "t6 Hi", " Hi"),
-    ("content", "\nHi", "Hi"),
-], ids=["byte-level", "space-joined", "reasoning", "newline"])
-def test_a_hybrids_chat_prefill_that_sampled_after_the_whole_prompt_leads_with_its_second_token(
-        field: str, text: str, delta: str) -> None:
-    last_text = "\n" if text.startswith("\n") else "t6"
-    first = first_token.read(after_last({field: text}, last_text=last_text))
-    assert isinstance(first, FirstToken) and (first.token_id, first.prompt_tokens) == (9, 3)
-    assert first.message == {"role": "assistant", field: delta} and first.text == (delta if field == "content" else "")
-
-
-@pytest.mark.parametrize(("message", "last_text", "first_text"), [
-    ({"reasoning": "t6", "content": "Hi"}, "t6", "Hi"),  # the parser split the two tokens' text
-    ({"content": "Hi"}, "t6", "Hi"),  # the last prompt token's text is not there: a parser took it
-    ({}, "t6", "Hi"),  # both held
-    ({"reasoning": "  Hi"}, "<think>", "Hi"),  # a tag: the parser took it, and a space around it
-    ({"content": "t6 <tool_call>"}, "t6", "<tool_call>"),
-    ({"content": " Hi"}, "", "Hi"),  # an empty last token: " Hi" splits two ways
-    ({"content": "t6Hi", "tool_calls": [{"id": "c"}]}, "t6", "Hi"),
-], ids=["split", "taken", "held", "tag", "tag first", "two ways", "tool call"])
-def test_a_hybrids_chat_prefill_whose_message_does_not_tell_the_first_tokens_delta_is_unsure(
-        message: dict[str, Any], last_text: str, first_text: str) -> None:
-    assert first_token.read(after_last(message, last_text=last_text, first_text=first_text)) is Reason.PARSER_UNSURE
-
-
-def test_only_a_chat_none_of_whose_fields_reads_the_first_token_as_output_asks_for_the_state_before_last() -> None:
-    assert first_token.asks_state_before_last({"temperature": 0}, path=CHAT)
-    assert not first_token.asks_state_before_last({}, path=COMPLETIONS)
-    for extra in ({"presence_penalty": 0.5}, {"stop": ["x"]}, {"seed": 1}, {"min_tokens": 2},
-                  {"response_format": {"type": "json_object"}}):
-        assert not first_token.asks_state_before_last(extra, path=CHAT), extra
 
 
 @pytest.mark.parametrize(("body", "finish_reason"), [({"max_tokens": 5}, None), ({}, None),  # vLLM's default: 16

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pdserve.pd import decode, prefill
 from pdserve.pd.kv import KVTransferParams
-from pdserve_vllm import STATE_BEFORE_LAST_KEY, WHOLE_PROMPT_KEY
+from pdserve_vllm import RESTORE_LAST_KEY, WHOLE_PROMPT_KEY
 
 
 def test_prefill_body_is_one_unstreamed_token_that_keeps_kv_for_remote_decode() -> None:
@@ -25,12 +25,14 @@ def test_a_prefill_leg_asks_for_the_whole_prompt_only_when_told() -> None:
     assert WHOLE_PROMPT_KEY not in prefill.make_body(body, connector="NixlConnector")["kv_transfer_params"]  # pure
 
 
-def test_a_chat_prefill_asking_for_the_state_before_last_asks_for_the_logprobs_that_tell_that_tokens_text() -> None:
-    body = {"model": "m", "messages": [], "stream": True, "logprobs": False}
-    assert STATE_BEFORE_LAST_KEY not in prefill.make_body(body, connector="NixlConnector")["kv_transfer_params"]
-    shaped = prefill.make_body(body, connector="NixlConnector", wants_first_token=True, wants_state_before_last=True)
-    assert shaped["kv_transfer_params"][STATE_BEFORE_LAST_KEY] is True
-    assert (shaped["logprobs"], shaped["top_logprobs"]) == (True, 0) and body["logprobs"] is False  # pure
+def test_a_prefill_for_a_decode_engine_given_the_token_as_output_asks_for_the_whole_prompt_to_be_restored() -> None:
+    body = {"model": "m", "messages": [], "stream": True}
+    assert RESTORE_LAST_KEY not in prefill.make_body(body, connector="NixlConnector", wants_whole_prompt=True)[
+        "kv_transfer_params"]
+    shaped = prefill.make_body(body, connector="NixlConnector", wants_first_token=True, wants_whole_prompt=True,
+                               wants_restore_last=True)
+    assert shaped["kv_transfer_params"][RESTORE_LAST_KEY] is shaped["kv_transfer_params"][WHOLE_PROMPT_KEY] is True
+    assert "logprobs" not in shaped
 
 
 def test_decode_body_is_the_original_plus_prefill_kv_params() -> None:
