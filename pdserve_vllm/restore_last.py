@@ -43,7 +43,8 @@ def restores(num_prompt_tokens: int, *, state_block_size: int | None) -> bool:
 def kept_blocks(block_ids: BlockIds, *, num_prompt_tokens: int, state_groups: list[int],
                 attention_block_sizes: dict[int, int]) -> list[tuple[int, int]]:
     """The (group, block) pairs the recompute of a prompt's last token (position ``num_prompt_tokens``) writes, of a
-    request with ``block_ids``: each recurrent group's running state block and, in each attention group (``attention_block_sizes``: its tokens per block), the block of that token."""
+    request with ``block_ids``: each recurrent group's running state block and, in each attention group
+    (``attention_block_sizes``: its tokens per block), the block of that token."""
     last = num_prompt_tokens - 1
     states = [(group, _running(block_ids[group])) for group in state_groups]
     return states + [(group, block_ids[group][last // size]) for group, size in attention_block_sizes.items()]

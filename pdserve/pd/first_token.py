@@ -27,11 +27,13 @@ would) and the decode engine carries on after it (pd/lead.py), in one of two way
   token: that engine renders it) and compute the last from the recurrent state after n - 1, so both legs ask
   (``RESTORE_LAST_KEY``): its prefill engine computes the whole prompt, and the decode engine loads all of it and
   undoes its recompute of the last token (pdserve_vllm/restore_last.py).
+
 Not where the output could differ from one engine's (``why_not`` names each case): a prefill engine that
 stopped a hybrid's prompt a token short (``remote_num_tokens`` < the prompt), whose token follows n - 1 tokens:
 one that does not load pdserve_vllm.hybrid_connector (the gateway says so once), and a forced request whose
-prompt's last token ends or starts a cached state block (pdserve_vllm/restore_last.py); a chat request with stop strings to engines that parse reasoning or tool calls (the text held back for
-them reaches the parser with a later token), or whose first token's streamed delta the prefill engine's
+prompt's last token ends or starts a cached state block (pdserve_vllm/restore_last.py); a chat request with stop
+strings to engines that parse reasoning or tool calls (the text held back for them reaches the parser with a later
+token), or whose first token's streamed delta the prefill engine's
 whole reply does not tell (pd/first_delta.py); logprobs, echo and token ids
 describe the first token in fields the gateway does not rebuild; n > 1; continuous usage stats.
 """
@@ -62,7 +64,7 @@ class Reason(StrEnum):
     WITH_TOKEN_IDS = "with_return_token_ids"
     WITH_N = "with_n"
     WITH_CONTINUOUS_USAGE = "with_continuous_usage_stats"
-    PREFILL_STOPPED_SHORT = "prefill_stopped_short"  # a hybrid's prefill engine left the last token (forced, or vLLM's own)
+    PREFILL_STOPPED_SHORT = "prefill_stopped_short"  # a hybrid's prefill engine left the last token (a cached state block's edge, or vLLM's own connector)
     PREFILL_REPLY_UNREADABLE = "prefill_reply_unreadable"
     BLOCKS_UNMAPPED = "blocks_unmapped"  # kv.py cannot map the blocks onto the prompt plus the token
 

@@ -8,7 +8,7 @@ from types import MappingProxyType
 from typing import Any
 
 from pdserve.pd.first_token import FirstToken, Reason
-from pdserve_vllm import WHOLE_PROMPT_KEPT_KEY
+from pdserve_vllm import RESTORE_LAST_KEY, WHOLE_PROMPT_KEPT_KEY
 
 # What the prefill leg sends so the engine keeps the KV cache for a remote decode engine.
 REMOTE_DECODE_REQUEST: Mapping[str, Mapping[str, Any]] = MappingProxyType(
@@ -59,6 +59,12 @@ class KVTransferParams:
     @property
     def block_count(self) -> int:
         return sum(len(group) for group in self.block_groups)
+
+    def fields_for_forced(self) -> dict[str, Any]:
+        """These fields for a decode leg of the client's own prompt that is given the first token as output: a
+        hybrid's whole-prompt handoff asks that engine to undo its recompute of the prompt's last token
+        (pdserve_vllm/restore_last.py)."""
+        return {**self.fields, RESTORE_LAST_KEY: True} if self.is_whole_prompt else dict(self.fields)
 
     def fields_for_prompt(self, prompt_tokens: int) -> dict[str, Any] | None:
         """These fields for a decode prompt of ``prompt_tokens``: the prefilled prompt plus tokens the

@@ -16,7 +16,7 @@ from pdserve.pd import first_events, first_token, resume
 from pdserve.pd.first_token import FirstToken, Reason
 from pdserve.pd.kv import KVTransferParams
 from pdserve.protocol import SSE_EVENT_PREFIX
-from pdserve_vllm import FIRST_TOKEN_ARG, RESTORE_LAST_KEY
+from pdserve_vllm import FIRST_TOKEN_ARG
 
 USAGE_MARK = b'"usage":{'  # vLLM's usage event, compact JSON (pydantic's model_dump_json)
 
@@ -41,14 +41,12 @@ def make_lead(body: dict[str, Any], first: FirstToken, kv: KVTransferParams, *,
     the reason there is none where kv.py cannot map the blocks onto the prompt plus that token."""
     if first_token.is_forced(body, path=path):
         text = first_token.streamed_text(body, first.text)
-        decode_body = forced_body(body, first, kv)
         field = _text_field(first, path=path)
-        lead = Lead(first_events.token_events(body, first, path=path, text=text),
-                    {key: value for key, value in decode_body.items() if key != "kv_transfer_params"}, is_forced=True,
+        lead = Lead(first_events.token_events(body, first, path=path, text=text), _forced(body, first), is_forced=True,
                     echoed_events=(2 if field else 1) if path == resume.CHAT_PATH else 1,
                     text=text if field in ("text", "content") else str((first.delta or {}).get(field or "", "")),
                     text_field=field)
-        return decode_body, lead
+        return forced_body(body, first, kv), lead
     fields = kv.fields_for_prompt(first.prompt_tokens + 1)
     if fields is None:
         return Reason.BLOCKS_UNMAPPED
@@ -62,10 +60,13 @@ def make_lead(body: dict[str, Any], first: FirstToken, kv: KVTransferParams, *,
 def forced_body(body: dict[str, Any], first: FirstToken, kv: KVTransferParams) -> dict[str, Any]:
     """The decode leg that writes ``first`` (the prefill engine's token) as its own first output token, pdserve's
     logits processor forcing it, with the handoff ``kv``; a hybrid's whole-prompt handoff asks that engine to undo
-    its recompute of the prompt's last token (pdserve_vllm/restore_last.py)."""
-    restore = {RESTORE_LAST_KEY: True} if kv.is_whole_prompt else {}
-    return {**body, "vllm_xargs": {**(body.get("vllm_xargs") or {}), FIRST_TOKEN_ARG: first.token_id},
-            "kv_transfer_params": {**kv.fields, **restore}}
+    its recompute of the prompt's last token (kv.py)."""
+    return {**_forced(body, first), "kv_transfer_params": kv.fields_for_forced()}
+
+
+def _forced(body: dict[str, Any], first: FirstToken) -> dict[str, Any]:
+    """``body`` asking its engine to start with ``first`` (pdserve's logits processor), without a handoff."""
+    return {**body, "vllm_xargs": {**(body.get("vllm_xargs") or {}), FIRST_TOKEN_ARG: first.token_id}}
 
 
 def _text_field(first: FirstToken, *, path: str) -> str | None:

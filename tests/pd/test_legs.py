@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pdserve.pd import decode, prefill
 from pdserve.pd.kv import KVTransferParams
-from pdserve_vllm import RESTORE_LAST_KEY, WHOLE_PROMPT_KEY
+from pdserve_vllm import RESTORE_LAST_KEY, WHOLE_PROMPT_KEPT_KEY, WHOLE_PROMPT_KEY
 
 
 def test_prefill_body_is_one_unstreamed_token_that_keeps_kv_for_remote_decode() -> None:
@@ -51,3 +51,11 @@ def test_a_handoff_given_back_passes_vllms_request_validation_and_names_no_serve
                           prompt_tokens=9)
     request = CompletionRequest(**decode.make_release_body(kv))
     assert request.model == decode.RELEASE_MODEL and request.kv_transfer_params == dict(kv.fields)
+
+
+def test_a_forced_decode_leg_asks_its_engine_to_undo_the_last_tokens_recompute_only_after_a_whole_prompt() -> None:
+    fields = {"remote_block_ids": [[1, 2], [3]], "remote_num_tokens": 9}
+    assert KVTransferParams(fields=fields, prompt_tokens=9).fields_for_forced() == fields
+    whole = KVTransferParams(fields={**fields, WHOLE_PROMPT_KEPT_KEY: True}, prompt_tokens=9)
+    assert whole.fields_for_forced() == {**whole.fields, RESTORE_LAST_KEY: True}
+    assert RESTORE_LAST_KEY not in whole.fields  # pure
