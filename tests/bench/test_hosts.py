@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from pathlib import Path
@@ -37,15 +38,24 @@ def test_confined_gives_the_cores_back() -> None:
     assert os.sched_getaffinity(0) == before
 
 
-def _placement() -> dict[str, set[int]]:
-    """The cores each kind of process under this one may run on now: a gateway (``pdserve serve``)
-    with its workers, and the rest."""
-    children = psutil.Process().children(recursive=True)
-    gateways = [process for process in children if "serve" in process.cmdline()]
-    in_gateway = {process.pid for gateway in gateways for process in with_descendants(gateway)}
+def _children() -> set[int]:
+    return {process.pid for process in psutil.Process().children(recursive=True)}
+
+
+def _placement(earlier: set[int]) -> dict[str, set[int]]:
+    """The cores each kind of process the sweep started may run on now: a gateway (``pdserve serve``)
+    with its workers, and the rest. Processes in ``earlier`` (left by tests before this one) are not the
+    sweep's, and one that exits while this reads it is skipped."""
+    children = [process for process in psutil.Process().children(recursive=True) if process.pid not in earlier]
+    in_gateway: set[int] = set()
     cores: dict[str, set[int]] = {"gateway": set(), "other": set()}
     for process in children:
-        cores["gateway" if process.pid in in_gateway else "other"].update(process.cpu_affinity())
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if "serve" in process.cmdline():
+                in_gateway.update(descendant.pid for descendant in with_descendants(process))
+    for process in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            cores["gateway" if process.pid in in_gateway else "other"].update(process.cpu_affinity())
     return cores
 
 
@@ -54,9 +64,10 @@ async def test_a_gateway_on_its_own_core_runs_only_there_and_the_other_parts_on_
     before = os.sched_getaffinity(0)
     hosts = Hosts.split(sorted(before), gateways=1, cores_per_gateway=1)
     seen: list[dict[str, set[int]]] = []
+    earlier = _children()
     plan = dataclasses.replace(_TINY, hosts=hosts)
     (result,) = await measure_sweep([4], plan, repeats=1, log_dir=tmp_path,
-                                    progress=lambda line: seen.append(_placement()) if "round" in line else None)
+                                    progress=lambda line: seen.append(_placement(earlier)) if "round" in line else None)
     assert result.gateway.errors == 0 and result.gateway.requests > 0
     assert seen and all(cores["gateway"] == set(hosts.gateways[0]) for cores in seen)
     assert all(cores["other"] and cores["other"] <= hosts.rest for cores in seen)
