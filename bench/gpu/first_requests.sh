@@ -6,8 +6,8 @@
 # Lands in $OUT: first-requests.jsonl (one line a request), machine.txt, up.log and the engines' logs.
 set -u
 SHAPE=${SHAPE:-qwen3-8b} PORT=9000 COMPILE= KV_BYTES=${KV_BYTES:-12884901888} LOG_DIR=/tmp/first-requests-logs
-{ date -u; uptime; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; lscpu | grep "Model name"; } \
-  > $OUT/machine.txt 2>&1
+source bench/gpu/machine.sh
+machine $OUT/machine.txt
 source bench/gpu/pd_config.sh > $OUT/config.log 2>&1 || { cat $OUT/config.log; exit 1; }
 python3 -m pdserve up --config $CONFIG > $OUT/up.log 2>&1 &
 UP=$!

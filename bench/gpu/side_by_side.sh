@@ -44,9 +44,8 @@ fi
 CHAT_LOAD="--workload chat --prefix-tokens 2048 --input-tokens 256 --turns $TURNS" DIRECT_LOAD="--input-tokens 3072"
 [ "$DIRECT_WORKLOAD" = chat ] && DIRECT_LOAD=$CHAT_LOAD
 D=/tmp/side-by-side-$SYSTEM; rm -rf $D; mkdir -p $D
-machine() { { date -u; uptime; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  lscpu | grep "Model name"; } >> $D/machine.txt 2>&1; }  # the card, the CPU and the load, at the start and the end
-machine
+source bench/gpu/machine.sh
+machine $D/machine.txt
 TRITON=$HOME/.triton  # Triton's default cache folder (TRITON_CACHE_DIR unset), shared by both systems' engines
 if [ -s .triton-cache/triton-cache.tgz ]; then
   mkdir -p $TRITON && tar xzf .triton-cache/triton-cache.tgz -C $TRITON && echo "Triton cache carried in" >> $D/machine.txt

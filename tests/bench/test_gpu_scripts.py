@@ -83,3 +83,13 @@ def test_verify_h200s_broken_path_is_host_staging_over_tcp_and_cross_layer_is_a_
 def test_the_decode_pool_alone_can_run_at_mps_below_normal_priority(tmp_path: Path) -> None:
     settings = load_settings(write_gpu_config(tmp_path, shape="qwen3-8b", DECODE_ENV='{CUDA_MPS_CLIENT_PRIORITY: "1"}'))
     assert settings.decode.env == {"CUDA_MPS_CLIENT_PRIORITY": "1"} and settings.prefill.env == {}
+
+
+def test_the_machine_record_appends_the_load_and_the_cpu_model_at_each_call(tmp_path: Path) -> None:
+    """bench/gpu/machine.sh as the GPU scripts source it, at a run's start and end (on a machine without a card the
+    record says that nvidia-smi is missing)."""
+    record = tmp_path / "machine.txt"
+    subprocess.run(["bash", "-c", f"source bench/gpu/machine.sh; machine {record}; machine {record}"], check=True,
+                   cwd=REPO, timeout=60)
+    text = record.read_text()
+    assert text.count("load average") == 2 and text.count("Model name") == 2, text
