@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from pdserve.demo.chat_features import MARKER_FILE
-from tests.conftest import metric
 from tests.e2e.conftest import Stack, first_tokens, start_stack, stop_stack, usage_as_compared
+from tests.e2e.test_serving import engine_metric
 
 pytestmark = pytest.mark.e2e
 MODEL = "demo-chat"
@@ -224,10 +224,9 @@ def test_the_tiny_hybrids_chat_through_the_parsers_leads_with_the_prefill_engine
         turn = [{"role": "user", "content": " ".join(f"t{500 + word}" for word in range(STATE_BLOCK_TOKENS + 40))}]
         next_turn = chat(messages=[*turn, {"role": "assistant", "content": "t5 t6"}, {"role": "user", "content": "t7"}])
         stream(stack, chat(messages=turn))
-        hits = metric(httpx.get(stack.engine_urls["decode"] + "/metrics", timeout=10).text, "vllm:prefix_cache_hits_total")
+        hits = engine_metric(stack.engine_urls["decode"], "vllm:prefix_cache_hits_total")
         pd = stream(stack, next_turn)
-        assert metric(httpx.get(stack.engine_urls["decode"] + "/metrics", timeout=10).text,
-                      "vllm:prefix_cache_hits_total") - hits >= STATE_BLOCK_TOKENS
+        assert engine_metric(stack.engine_urls["decode"], "vllm:prefix_cache_hits_total") - hits >= STATE_BLOCK_TOKENS
         near_tie_or_equal(stack, next_turn, pd, stream(stack, next_turn, headers=LOCAL))
         after = {reason: chat_first_tokens(stack, reason) - before[reason] for reason in reasons}
         assert after == {"eligible": len(eligible) + 2, "parser_unsure": 0, "prefill_stopped_short": 2}

@@ -27,6 +27,7 @@ from pdserve.demo.random_weights import write_random_weights
 from pdserve.demo.shapes import Shape, write_shape_model
 from pdserve.engines.model_layout import CONV_STATE_LAYOUT_ENV
 from tests.e2e.conftest import Stack, first_tokens, start_stack, stop_stack, usage_as_compared
+from tests.e2e.test_serving import engine_metric
 
 pytestmark = pytest.mark.e2e
 MODEL = "tiny-hybrid"
@@ -75,12 +76,6 @@ def disagreement(other: dict[str, Any], local: dict[str, Any]) -> str | None:
             gap = local_choices[local_token] - local_choices.get(other_token, -math.inf)
             return None if gap <= NEAR_TIE else f"token {position}: {other_token}, local {local_token} by {gap:.2f}"
     return None
-
-
-def engine_metric(url: str, name: str, **labels: str) -> float:
-    lines = httpx.get(url + "/metrics", timeout=10).text.splitlines()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in lines
-               if line.startswith(name + "{") and all(f'{key}="{value}"' in line for key, value in labels.items()))
 
 
 def test_up_says_the_model_is_hybrid_and_engines_get_the_ds_conv_layout(hybrid: Stack) -> None:
