@@ -33,9 +33,9 @@ stopped a hybrid's prompt a token short (``remote_num_tokens`` < the prompt), wh
 one that does not load pdserve_vllm.hybrid_connector (the gateway says so once), and a forced request whose
 prompt's last token ends or starts a cached state block (pdserve_vllm/restore_last.py); a chat request with stop
 strings to engines that parse reasoning or tool calls (the text held back for them reaches the parser with a later
-token), or whose first token's streamed delta the prefill engine's
-whole reply does not tell (pd/first_delta.py); logprobs, echo and token ids
-describe the first token in fields the gateway does not rebuild; n > 1; continuous usage stats.
+token), or whose first token's streamed delta the prefill engine's whole reply does not tell (pd/first_delta.py);
+logprobs, echo and token ids describe the first token in fields the gateway does not rebuild; n > 1; continuous
+usage stats.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ class Reason(StrEnum):
     WITH_TOKEN_IDS = "with_return_token_ids"
     WITH_N = "with_n"
     WITH_CONTINUOUS_USAGE = "with_continuous_usage_stats"
-    PREFILL_STOPPED_SHORT = "prefill_stopped_short"  # a hybrid's prefill engine left the last token (a cached state block's edge, or vLLM's own connector)
+    # a hybrid's prefill engine left the last token (a cached state block's edge, or vLLM's own connector)
+    PREFILL_STOPPED_SHORT = "prefill_stopped_short"
     PREFILL_REPLY_UNREADABLE = "prefill_reply_unreadable"
     BLOCKS_UNMAPPED = "blocks_unmapped"  # kv.py cannot map the blocks onto the prompt plus the token
 
@@ -156,8 +157,8 @@ def read(reply: dict[str, Any]) -> FirstToken | Reason:
         computed = reply["kv_transfer_params"].get("remote_num_tokens")
         first = FirstToken(token_id=int(token_id), text=str(text or ""),
                            finish_reason=choice.get("finish_reason"), stop_reason=choice.get("stop_reason"),
-                           prompt_tokens=prompt_tokens, prompt_token_ids=prompt, reply_id=str(reply["id"]), created=int(reply["created"]),
-                           model=str(reply["model"]),
+                           prompt_tokens=prompt_tokens, prompt_token_ids=prompt, reply_id=str(reply["id"]),
+                           created=int(reply["created"]), model=str(reply["model"]),
                            prompt_tokens_details=(reply.get("usage") or {}).get("prompt_tokens_details"),
                            message=message)
     except (KeyError, IndexError, TypeError, ValueError, AttributeError):
