@@ -59,6 +59,20 @@ class Deployment:
                                                 stderr=subprocess.STDOUT, text=True, cwd=Path.cwd(),
                                                 env={**os.environ, **ACROSS_HOSTS_ENV})
 
+    def until_ready(self) -> None:
+        """Wait for the gateway's /health/ready: its engines answer and its warm-ups (sent again after a role had
+        no healthy engine) are done, so no request of the gateway's own is still in flight."""
+        deadline_s = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline_s:
+            for name, process in self.processes.items():
+                assert process.poll() is None, f"{name} exited:\n{self.log(name)[-3000:]}"
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.gateway_url + "/health/ready", timeout=5).status_code == 200:
+                    return
+            time.sleep(2)
+        raise AssertionError("the bed never became ready:\n" + "\n".join(
+            f"--- {name}\n{self.log(name)[-2000:]}" for name in self.processes))
+
     def restart_engines(self, name: str) -> None:
         """Stop host ``name``'s engines and start them again at the same addresses; returns once they
         answer /health (the gateway may not have seen them yet)."""
@@ -95,21 +109,6 @@ def host_config(bed: NetBed, name: str, *, workdir: Path) -> dict[str, Any]:
         if role != name:
             config[role]["urls"] = urls(role)
     return config
-
-
-def _until_ready(deployed: Deployment) -> None:
-    deadline_s = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline_s:
-        for name, process in deployed.processes.items():
-            assert process.poll() is None, f"{name} exited:\n{deployed.log(name)[-3000:]}"
-        try:
-            if httpx.get(deployed.gateway_url + "/health/ready", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
-    raise AssertionError("the bed never became ready:\n" + "\n".join(
-        f"--- {name}\n{deployed.log(name)[-2000:]}" for name in deployed.processes))
 
 
 def complete(deployed: Deployment, *, mode: str, request_id: str) -> dict[str, Any]:
@@ -157,7 +156,7 @@ def deployed(workdir: Path, *, tag: str = "pd") -> Iterator[Deployment]:
                 (workdir / f"{name}.yaml").write_text(yaml.safe_dump(host_config(bed, name, workdir=workdir)))
                 deployment.logs[name].write_text("")
                 deployment.start(name)
-            _until_ready(deployment)
+            deployment.until_ready()
             yield deployment
         finally:
             for process in processes.values():

@@ -247,6 +247,9 @@ def test_a_prefill_engine_restarted_at_its_address_is_a_new_nixl_engine_and_pull
     kept its id, the decode engine would read through the dead engine's agent (the first pull fails and
     the pair is ejected: seen here before pdserve gave each start an id of its own)."""
     pd_record(deployment, "bed-before-restart")
+    # The fault before may have left a warm-up pending: one that reached the engine as it stopped failed its
+    # leg, and that ejection (a right one) counted against the restart.
+    deployment.until_ready()
     before_id = nixl_engine_id(deployment)
     failed_before = gateway_metric(deployment, 'pdserve_kv_recomputed_total{reason="pull_failed"}')
     ejected_before = gateway_metric(deployment, 'pdserve_engine_ejections_total{role="prefill"}')
