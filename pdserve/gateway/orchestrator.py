@@ -17,6 +17,7 @@ Engines that keep failing leave the rotation for a while (routing/breaker.py).
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -48,7 +49,7 @@ from pdserve.routing import breaker
 from pdserve.routing.decision import Mode
 from pdserve.routing.health import WAITING_PROBE_INTERVAL_S
 from pdserve.routing.policy import Policy
-from pdserve.routing.pool import Endpoint, Pool
+from pdserve.routing.pool import Endpoint, Engines, PairOnly, Pool
 from pdserve.routing.prefix import PromptKey
 from pdserve.routing.router import KeyedPolicy, Router
 
@@ -72,6 +73,7 @@ class Orchestrator:
         self._decode_forces_first_token, self._engines_parse_chat = decode_forces_first_token, engines_parse_chat
         self._tool_call_parser = tool_call_parser
         self._client, self._pool, self._admission, self._router = client, pool, admission, router
+        self._routable: Engines = pool  # what it routes among: the pool, or one pair of it (on_pair)
         self._max_model_len, self._native = max_model_len, native
         self._spec, self._connector, self._metrics, self._handoffs = spec, connector, metrics, handoffs
         self._releases: set[asyncio.Task[None]] = set()  # handoffs being given back (owned: see close)
@@ -87,7 +89,8 @@ class Orchestrator:
         """
         key = self._router.key(call.body)
         preferred = self._choose_decode(key)
-        decision = self._router.decide(key, preferred, prefill=self._pool.healthy(Role.PREFILL), requested=call.mode)
+        prefill_engines = self._routable.healthy(Role.PREFILL)
+        decision = self._router.decide(key, preferred, prefill=prefill_engines, requested=call.mode)
         decode_policy = KeyedPolicy(self._router, key, preferred=preferred)
         self._metrics.disaggregation_decisions.labels(decision.mode.value, decision.reason.value).inc()
         reason = self._why_not_first_token(call)
@@ -139,7 +142,7 @@ class Orchestrator:
 
         leg: DecodeLeg | asyncio.Task[DecodeLeg]
         is_pull_lost = False
-        if lead is not None and self._admission.has_room(self._pool.healthy(Role.DECODE)):
+        if lead is not None and self._admission.has_room(self._routable.healthy(Role.DECODE)):
             leg = asyncio.create_task(open_leg(over_cap=True))
         else:
             try:
@@ -165,6 +168,13 @@ class Orchestrator:
         if call.is_stream:
             return Reply(stream=relay.stream, close=relay.finish, first_chunk_ready=lead is not None)
         return Reply(json_body=await relay.read_whole())
+
+    def on_pair(self, *, prefill_url: str, decode_url: str) -> Orchestrator:
+        """This orchestrator with its routing held to one (prefill, decode) pair, all else shared (engine slots,
+        circuit breaker, metrics): the gateway's warm-up of each pair's chats goes as a client's chat does."""
+        pinned = copy.copy(self)
+        pinned._routable = PairOnly(self._pool, prefill_url=prefill_url, decode_url=decode_url)
+        return pinned
 
     async def close(self) -> None:
         """Cancel the handoffs still being given back (gateway shutdown)."""
@@ -228,7 +238,7 @@ class Orchestrator:
     def _choose_decode(self, key: PromptKey) -> Endpoint:
         """The decode engine the router prefers for this prompt, among those with room if any has.
         Waiting for room, if it comes to that, happens once the prompt is prefilled (``_failover``)."""
-        healthy = self._pool.healthy(Role.DECODE)
+        healthy = self._routable.healthy(Role.DECODE)
         if not healthy:
             raise NoHealthyEndpoint(Role.DECODE)
         limit = self._spec.max_in_flight_per_engine
@@ -314,7 +324,7 @@ class Orchestrator:
         The chosen endpoint's engine slot is held on ``stack`` until the caller closes it.
         """
         def untried() -> list[Endpoint]:
-            return [endpoint for endpoint in self._pool.healthy(role) if endpoint not in tried]
+            return [endpoint for endpoint in self._routable.healthy(role) if endpoint not in tried]
 
         last_error: LegFailed | None = None
         for _ in range(self._spec.leg_attempts):
@@ -347,7 +357,7 @@ class Orchestrator:
         """Whether an engine of ``role`` not in ``tried``, unhealthy or ejected now, is back (``untried``) within ``wait_s``.
         A request the client has part of waits for it rather than ending: on a starved host a busy engine
         misses its health probes for seconds and is back the next moment (tests/e2e/test_faults.py)."""
-        if all(endpoint in tried for endpoint in self._pool.all(role)):
+        if all(endpoint in tried for endpoint in self._routable.all(role)):
             return False
         log.warning("request_id=%s no healthy %s engine left to take the request: waiting up to %.0f s for one "
                     "to recover", request_id, role.value, wait_s)
@@ -385,7 +395,7 @@ class Orchestrator:
 
     def _release(self, kv: KVTransferParams, request_id: str) -> None:
         """Give a handoff back to its prefill engine through a decode engine, in the background."""
-        decode_engines = self._pool.healthy(Role.DECODE)
+        decode_engines = self._routable.healthy(Role.DECODE)
         if not decode_engines:
             return  # the connector's lease frees it
         url = min(decode_engines, key=lambda endpoint: endpoint.in_flight).url

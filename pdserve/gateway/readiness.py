@@ -1,7 +1,7 @@
 """Readiness that means ready: engines of both roles answer their health probes, one request has gone
-through both legs since (then a chat, so the first clients' chats do not pay its first use on those engines), and
-one through every (prefill, decode) pair, so no user pays a pair's KV connector handshake (seconds for NIXL on a
-GPU) on an engine the first warm-up missed.
+through both legs since, and one through every (prefill, decode) pair, so no user pays a pair's KV connector
+handshake (seconds for NIXL on a GPU) on an engine the first warm-up missed; then a chat through each pair, so the
+first clients' chats do not pay a chat's first use on any engine.
 
 The gateway sends the warm-ups itself, so ``pdserve up``, Ray and Kubernetes all become ready the same
 way; their callers only wait for ``/health/ready``. A pair that appears later (an engine added or back)
@@ -98,8 +98,7 @@ async def keep_warm(orchestrator: Orchestrator, pool: Pool, readiness: Readiness
 
 
 async def warm_up(orchestrator: Orchestrator, readiness: Readiness, *, model: str) -> bool:
-    """One short request through both legs, as a client's goes, then a streamed chat (``warm_chat``); records in
-    ``readiness`` if the first failed."""
+    """One short request through both legs, as a client's goes; records in ``readiness`` if it failed."""
     call = _warm_up_call(resume.COMPLETIONS_PATH, warm_up_body(model), "warm-up")
     try:
         (await orchestrator.run(call)).close()
@@ -109,15 +108,15 @@ async def warm_up(orchestrator: Orchestrator, readiness: Readiness, *, model: st
         log.warning("request_id=%s warm-up through both legs failed: %s", call.request_id, exc)
         return False
     log.info("request_id=%s warm-up through both legs done", call.request_id)
-    await warm_chat(orchestrator, model=model)
     return True
 
 
 async def warm_chat(orchestrator: Orchestrator, *, model: str) -> None:
-    """A streamed chat through both legs, read to its end: a chat's legs ask the engines for what a completion's
-    do not (the prompt's ids, a hybrid's logprobs), and on a GPU the first chats after start waited 1.5-2.2 s on
-    the prefill engine (docs/benchmarks.md section 8). Never holds readiness back: the completion proved both
-    legs, and a model without a chat template refuses every chat (a 4xx, as it will refuse clients')."""
+    """A streamed chat through both legs (of one pair: ``Orchestrator.on_pair``), read to its end: a chat's legs ask
+    the engines for what a completion's do not (the prompt's ids, a hybrid's logprobs), and on a GPU the first chats
+    after start waited 1.5-2.2 s on the prefill engine (docs/benchmarks.md section 8). Never holds readiness back:
+    the completion proved both legs, and a model without a chat template refuses every chat (a 4xx, as it will
+    refuse clients')."""
     call = _warm_up_call(resume.CHAT_PATH, chat_warm_up_body(model), "warm-up-chat")
     try:
         reply = await orchestrator.run(call)
@@ -145,8 +144,9 @@ def _warm_up_call(path: str, body: dict[str, Any], prefix: str) -> Call:
 
 async def warm_pairs(orchestrator: Orchestrator, pool: Pool, readiness: Readiness, *, warm_pair: WarmPair,
                      model: str) -> None:
-    """Send a warm-up through every healthy pair not yet warmed, all at once. A pair whose engine went
-    unhealthy is forgotten: it is warmed again when back (a restarted engine handshakes anew)."""
+    """Send a warm-up through every healthy pair not yet warmed, all at once, then a chat through each that went
+    through. A pair whose engine went unhealthy is forgotten: it is warmed again when back (a restarted engine
+    handshakes anew, and an engine added by ``scale`` has had no chat)."""
     pairs = healthy_pairs(pool)
     readiness.warm_pairs &= pairs
     cold = sorted(pairs - readiness.warm_pairs)
@@ -169,6 +169,7 @@ async def _warm_one(pair: Pair, orchestrator: Orchestrator, pool: Pool, readines
         return
     readiness.warm_pairs.add(pair)
     log.info("request_id=%s warm-up of the pair %s -> %s done", request_id, *pair)
+    await warm_chat(orchestrator.on_pair(prefill_url=pair[0], decode_url=pair[1]), model=model)
 
 
 def warm_up_body(model: str) -> dict[str, Any]:

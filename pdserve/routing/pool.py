@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from pdserve.engines.kv_path import KvPath
 from pdserve.role import Role
@@ -98,3 +99,26 @@ class Pool:
         finally:
             endpoint.in_flight -= 1
             endpoint.legs_ended += 1
+
+
+class Engines(Protocol):
+    """What the orchestrator reads of the pool: a role's engines, and those it may send legs to now."""
+
+    def all(self, role: Role) -> list[Endpoint]: ...
+
+    def healthy(self, role: Role) -> list[Endpoint]: ...
+
+
+class PairOnly:
+    """The pool narrowed to one (prefill, decode) pair, the same endpoints (health, breaker, in-flight counts):
+    what the orchestrator routes among for a request meant for that pair alone (the gateway's warm-up of each
+    pair's chats, gateway/readiness.py)."""
+
+    def __init__(self, pool: Pool, *, prefill_url: str, decode_url: str) -> None:
+        self._pool, self._urls = pool, {Role.PREFILL: prefill_url, Role.DECODE: decode_url}
+
+    def all(self, role: Role) -> list[Endpoint]:
+        return [endpoint for endpoint in self._pool.all(role) if endpoint.url == self._urls[role]]
+
+    def healthy(self, role: Role) -> list[Endpoint]:
+        return [endpoint for endpoint in self._pool.healthy(role) if endpoint.url == self._urls[role]]

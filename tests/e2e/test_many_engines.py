@@ -9,6 +9,7 @@ stops an engine and starts another.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -40,6 +41,19 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "gateway": {"workers": 1, "health_interval_s": 0.5}})
     yield stack
     stop_stack(stack)
+
+
+def test_each_pair_had_a_chat_before_ready(stack: Stack) -> None:
+    """Both (prefill, decode) pairs, not only the one the gateway's first warm-up went through: on a GPU a cold
+    prefill engine's first chats waited 1.4-2.2 s (docs/benchmarks.md section 8)."""
+    lines = [line for line in stack.output if "request_id=warm-up-chat-" in line and " mode=pd " in line]
+    pairs = set()
+    for line in lines:
+        prefill, decode = re.search(r" prefill_endpoint=(\S+)", line), re.search(r" endpoint=(\S+)", line)
+        assert prefill and decode, line
+        pairs.add((prefill[1], decode[1]))
+    prefill_url, *decode_urls = engine_urls(stack)
+    assert pairs == {(prefill_url, url) for url in decode_urls}, "".join(lines)
 
 
 def decode_engine_of(stack: Stack, body: dict[str, object]) -> int:

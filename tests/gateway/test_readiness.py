@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 
@@ -20,7 +21,7 @@ from pdserve.routing.pool import Endpoint, Pool
 from pdserve.up import wait_ready
 from tests.conftest import free_port, serving
 from tests.fake_engine import FakeEngine
-from tests.gateway.test_app import MODEL, gateway_settings, ready_gateway_over
+from tests.gateway.test_app import MODEL, gateway_settings, ready_gateway_over, until_ready
 
 
 async def get(base: str, path: str) -> tuple[int, dict[str, object], str | None]:
@@ -51,6 +52,26 @@ async def test_ready_after_the_gateways_own_warm_up_went_through_both_legs() -> 
     assert prefill["kv_transfer_params"]["do_remote_decode"] is True and "remote_block_ids" in decode["kv_transfer_params"]
 
 
+async def test_every_pair_has_had_a_chat_before_ready() -> None:
+    """Two prefill and two decode engines: each of the four pairs has had a chat through both legs before the gateway
+    is ready, not only the pair the gateway's first warm-up went through (a cold prefill engine's first chats waited
+    1.4-2.2 s on a GPU)."""
+    prefill, decode = [FakeEngine(), FakeEngine()], [FakeEngine(), FakeEngine()]
+    async with contextlib.AsyncExitStack() as stack:
+        urls = [await stack.enter_async_context(serving(fake.app(), free_port())) for fake in prefill + decode]
+        settings = gateway_settings(prefill=urls[:2], decode=urls[2:])
+        base = await stack.enter_async_context(serving(build_app(settings), settings.gateway.port))
+        await until_ready(base)
+
+    def chats(fake: FakeEngine) -> set[str]:
+        """The request ids of the warm-up chats ``fake`` served a leg of."""
+        return {headers["x-request-id"] for body, headers in zip(fake.bodies, fake.headers, strict=True)
+                if "messages" in body and headers["x-request-id"].startswith("warm-up-chat-")}
+
+    pairs = [(p, d) for p in range(2) for d in range(2) for request_id in chats(prefill[p]) & chats(decode[d])]
+    assert sorted(pairs) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
 async def test_wait_ready_fails_fast_when_the_warm_up_fails_and_says_why_without_the_engine() -> None:
     broken = FakeEngine(reject_status=500)
     async with serving(broken.app(), free_port()) as url:
@@ -62,13 +83,18 @@ async def test_wait_ready_fails_fast_when_the_warm_up_fails_and_says_why_without
 
 
 class FakeOrchestrator:
-    """Fails while ``is_failing``; counts warm-ups, and the failed legs it is told of."""
+    """Fails while ``is_failing``; counts warm-ups, the pairs they were held to, and the failed legs it is told of."""
 
     def __init__(self) -> None:
         self.calls: list[Call] = []
         self.is_failing = False
         self.chat_error: Exception | None = None  # what a chat gets instead of its reply
         self.failed_urls: list[str] = []
+        self.pinned: list[tuple[str, str]] = []
+
+    def on_pair(self, *, prefill_url: str, decode_url: str) -> FakeOrchestrator:
+        self.pinned.append((prefill_url, decode_url))
+        return self
 
     def leg_failed(self, endpoint: Endpoint, _request_id: str, _exc: Exception, *, is_unreachable: bool) -> None:
         assert not is_unreachable
@@ -123,6 +149,8 @@ async def test_every_pair_is_warmed_before_ready_and_one_added_later_without_los
         # a warm pair is not warmed again; the one that failed was, at each look until it went through
         assert pairs.warmed.count(("http://p", "http://d0")) == pairs.warmed.count(("http://p", "http://d2")) == 1
         assert pairs.warmed.count(("http://p", "http://d1")) > 1
+        # and each had one chat, once it went through
+        assert sorted(orchestrator.pinned) == [("http://p", f"http://d{index}") for index in range(3)]
     finally:
         task.cancel()
 
@@ -136,6 +164,7 @@ async def test_a_role_losing_every_engine_makes_it_not_ready_until_a_new_warm_up
         call, chat = orchestrator.calls
         assert call.mode is Mode.PD and call.body["model"] == MODEL and call.request_id.startswith("warm-up-")
         assert chat.path == CHAT_PATH and chat.mode is Mode.PD and chat.is_stream and chat.body["model"] == MODEL
+        assert orchestrator.pinned == [("http://p", "http://d")]  # the chat went through the pair
         pool.all(Role.DECODE)[0].is_healthy = False
         orchestrator.is_failing = True
         await asyncio.sleep(0.05)

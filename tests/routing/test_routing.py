@@ -9,9 +9,22 @@ from pdserve.gateway_config import GatewaySpec
 from pdserve.role import Role
 from pdserve.routing import health
 from pdserve.routing.health import record
-from pdserve.routing.pool import Endpoint, Pool
+from pdserve.routing.pool import Endpoint, PairOnly, Pool
 from tests.conftest import free_port, serving
 from tests.fake_engine import FakeEngine
+
+
+def test_a_pair_of_the_pool_is_its_two_endpoints_themselves_with_their_health() -> None:
+    """What the orchestrator routes among for a request held to one pair (the gateway's chat warm-up of each pair):
+    the other engines are not there to fail over to, and the pair's own health and ejections are the pool's."""
+    pool = Pool(prefill_urls=["http://p0", "http://p1"], decode_urls=["http://d0", "http://d1"])
+    pair = PairOnly(pool, prefill_url="http://p1", decode_url="http://d0")
+    assert pair.all(Role.PREFILL) == [pool.all(Role.PREFILL)[1]] and pair.all(Role.DECODE) == [pool.all(Role.DECODE)[0]]
+    assert pair.all(Role.PREFILL)[0] is pool.all(Role.PREFILL)[1]
+    pool.all(Role.PREFILL)[1].ejected_until_s = time.monotonic() + 60
+    pool.all(Role.DECODE)[0].is_healthy = False
+    assert pair.healthy(Role.PREFILL) == pair.healthy(Role.DECODE) == []
+    assert [endpoint.url for endpoint in pool.healthy(Role.PREFILL)] == ["http://p0"]
 
 
 def test_busy_engine_survives_missed_probes_but_dead_one_is_ejected_at_once() -> None:
