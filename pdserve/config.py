@@ -1,4 +1,5 @@
-"""The configuration tree's root, Settings (its sections: engine_config.py, gateway_config.py, cluster_config.py):
+"""The configuration tree's root, Settings (its sections: engine_config.py, gateway_config.py, access_config.py,
+cluster_config.py):
 load it (defaults < YAML file < ``PDSERVE_SECTION__FIELD`` env < flags), validate it, derive per-engine specs.
 This is the only module that reads ``os.environ``; everything else receives typed objects."""
 
@@ -12,6 +13,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from pdserve.access_config import AccessSpec
 from pdserve.cluster_config import EksSpec, KubernetesSpec, RaySpec
 from pdserve.engine_config import EngineSpec, KVTransferSpec, LaunchSpec, ModelSpec, PoolSpec
 from pdserve.errors import ConfigError
@@ -30,6 +32,7 @@ class Settings(FrozenSpec):
     decode: PoolSpec = PoolSpec(base_port=DECODE_BASE_PORT)
     kv: KVTransferSpec = KVTransferSpec()
     gateway: GatewaySpec = GatewaySpec()
+    access: AccessSpec = AccessSpec()
     routing: RoutingSpec = RoutingSpec()
     launch: LaunchSpec = LaunchSpec()
     ray: RaySpec = RaySpec()

@@ -38,7 +38,26 @@ class GatewaySpec(FrozenSpec):
     decode_idle_timeout_s: float = Field(30.0, gt=0, description="longest silence between tokens once they flow")
     request_timeout_s: float = Field(3600.0, gt=0, description="whole request, first byte to last token")
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, description="larger request bodies get 413")
-    max_header_bytes: int = Field(16 * 1024, gt=0, description="request line and headers together; more gets 431")
+    max_header_bytes: int = Field(16 * 1024, gt=0, description=(
+        "request line and headers together, counted as they arrive; more gets 431 and the connection closed"))
+    header_timeout_s: float = Field(10.0, gt=0, description=(
+        "a request's line and headers must be whole this long after its first byte, or after the connection "
+        "opens, else the connection is closed (a slow or half-sent request holds nothing)"))
+    idle_timeout_s: float = Field(30.0, gt=0, description="a keep-alive connection with no request this long is closed")
+    max_connections: int = Field(8192, ge=16, description=(
+        "connections one gateway process keeps open (at most its open-file limit less a reserve); a new one past "
+        "it closes the longest idle, or, with none idle, is closed itself"))
+    max_stream_buffer_bytes: int = Field(4 * 1024 * 1024, gt=0, description=(
+        "reply bytes held for one client that reads slower than the engine writes; past it the stream ends with "
+        "an error event (memory stays bounded per stream)"))
+    max_schema_bytes: int = Field(64 * 1024, gt=0, description=(
+        "a structured-output schema, grammar or regex (response_format, structured_outputs, tools' parameters) "
+        "longer than this as JSON gets 400 before any engine compiles it"))
+    max_schema_nodes: int = Field(4096, gt=0, description=(
+        "JSON values in one request's schemas (objects, arrays, enum entries, ...), what their compile time grows "
+        "with; more gets 400"))
+    ssl_certfile: str = Field("", description="PEM certificate chain: the gateway serves HTTPS (with ssl_keyfile)")
+    ssl_keyfile: str = Field("", description="PEM private key of ssl_certfile")
     api_keys_file: str = Field("", description=(
         "client API keys, one per line (or PDSERVE_API_KEYS, comma-separated); none = no key needed"))
     admin_key_file: str = Field("", description=(

@@ -7,6 +7,10 @@ from typing import Any
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # vLLM's OpenAI server, run as a module
 
+# The per-deployment secret every engine pdserve launches requires: vLLM's API key on every HTTP route but /health
+# (engine_key.py), and the key of its NIXL side channel (side_channel.py). Set by pdserve, never given to clients.
+ENGINE_KEY_ENV = "PDSERVE_ENGINE_KEY"
+
 # The pause of an engine's NIXL progress thread between rounds, in microseconds (nixl_progress.py).
 PROGRESS_DELAY_ENV = "PDSERVE_NIXL_PROGRESS_DELAY_US"
 
