@@ -5,6 +5,7 @@ are shipped to Ray and rendered into manifests); they are compared in constant t
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import re
 from dataclasses import dataclass, field
@@ -52,6 +53,13 @@ class AccessKeys:
             message = "Incorrect API key provided." if authorization else (
                 "You didn't provide an API key: send it as `Authorization: Bearer <key>`.")
             raise BadRequest(message, status=401, code="invalid_api_key")
+
+    def tenant(self, authorization: bytes | None) -> str:
+        """Who a request speaks for, for per-key limits and cache salts: a digest of the API key it presents
+        (never the key), or '' for a request with no valid API key (the admin key, an open gateway)."""
+        presented = _bearer_token(authorization)
+        matches = [hmac.compare_digest(presented, key) for key in self.api_keys]
+        return hashlib.sha256(presented).hexdigest()[:16] if any(matches) else ""
 
     def headers(self) -> dict[str, str]:
         """What a pdserve tool (verify, ray up) sends the gateway: the admin key, else an API key."""
