@@ -16,9 +16,10 @@ import aiohttp
 from pdserve.bench.records import RequestRecord
 from pdserve.bench.sse import StreamReading
 from pdserve.bench.workload import BenchRequest
+from pdserve.config import secret_env
 from pdserve.errors import ConfigError
 
-_HEADERS = {"Content-Type": "application/json"}
+CLIENT_KEY_ENV = "OPENAI_API_KEY"  # the key OpenAI's own clients send; the load sends it to a gateway with keys
 OnDone = Callable[[RequestRecord], None]
 
 
@@ -39,10 +40,16 @@ class Target:
         return cls(name, base_urls)
 
 
+def client_headers() -> dict[str, str]:
+    """What every load request carries: JSON, and ``Authorization`` where CLIENT_KEY_ENV holds an API key."""
+    key = secret_env(CLIENT_KEY_ENV)
+    return {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+
+
 def new_session() -> aiohttp.ClientSession:
     """Unlimited pooled keep-alive connections, like a fleet of clients that stay connected."""
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60.0),
-                                 auto_decompress=False)
+                                 auto_decompress=False, headers=client_headers())
 
 
 async def run_open_loop(
@@ -105,7 +112,7 @@ async def send(
     stream = StreamReading()
     sent_s = time.perf_counter()
     try:
-        async with session.post(url + request.path, data=payload, headers=_HEADERS,
+        async with session.post(url + request.path, data=payload,
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
             if response.status != 200:
                 stream.error = f"HTTP {response.status}: {(await response.text())[:200]}"

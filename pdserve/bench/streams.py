@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import httptools
 
 from pdserve.bench.records import RequestRecord
-from pdserve.bench.runner import Target
+from pdserve.bench.runner import Target, client_headers
 from pdserve.bench.sse import StreamReading
 from pdserve.bench.workload import BenchRequest
 
@@ -62,7 +62,8 @@ async def _connect(url: str) -> _Connection:
     if parts.scheme != "http" or not parts.hostname:
         raise ValueError(f"streams need plain http://host:port URLs, not {url!r}")
     loop = asyncio.get_running_loop()
-    connection = _Connection(parts.netloc.encode("ascii"))
+    headers = b"".join(f"{name}: {value}\r\n".encode("latin-1") for name, value in client_headers().items())
+    connection = _Connection(b"Host: %b\r\n%b" % (parts.netloc.encode("ascii"), headers))
     try:
         await loop.create_connection(lambda: connection, parts.hostname, parts.port or 80)
     except OSError as exc:
@@ -73,8 +74,8 @@ async def _connect(url: str) -> _Connection:
 class _Connection(asyncio.Protocol):
     """One keep-alive connection carrying one request at a time."""
 
-    def __init__(self, host_header: bytes) -> None:
-        self._host_header = host_header
+    def __init__(self, headers: bytes) -> None:
+        self._headers = headers  # Host and client_headers(), each line ending in CRLF
         self._parser = httptools.HttpResponseParser(self)
         self._transport: asyncio.Transport | None = None
         self.is_open = False
@@ -98,9 +99,8 @@ class _Connection(asyncio.Protocol):
         else:
             assert self._transport is not None, "connected"
             payload = json.dumps(request.body).encode()
-            self._transport.write(b"POST %b HTTP/1.1\r\nHost: %b\r\nContent-Type: application/json\r\n"
-                                  b"Content-Length: %d\r\n\r\n%b" % (request.path.encode(), self._host_header,
-                                                                     len(payload), payload))
+            self._transport.write(b"POST %b HTTP/1.1\r\n%bContent-Length: %d\r\n\r\n%b" % (
+                request.path.encode(), self._headers, len(payload), payload))
         try:
             await self._done
         finally:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
 import pytest
 
-from pdserve.bench.runner import Target
+from pdserve.bench.runner import CLIENT_KEY_ENV, Target, new_session, send
 from pdserve.bench.streams import run_streams
 from pdserve.bench.upstream import Pace, Upstream, serving_upstream
 from pdserve.bench.workload import CHAT, COMPLETIONS, BenchRequest
@@ -57,3 +58,28 @@ async def test_a_reply_slower_than_the_timeout_is_an_error() -> None:
         records = await run_streams(Target("slow", (slow.url,)), iter([streamed(COMPLETIONS, prompt="a")] * 5),
                                     streams=1, stagger_s=0.0, stop_s=time.perf_counter() + 0.02, timeout_s=0.05)
     assert [record.error for record in records] == ["TimeoutError: no complete reply in 0.05 s"]
+
+
+async def test_both_load_clients_send_the_api_key_openai_clients_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gateway with keys answers 401 to a load without one: OPENAI_API_KEY rides on every request."""
+    heads: list[bytes] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        heads.append(head)
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    monkeypatch.setenv(CLIENT_KEY_ENV, "sk-load-key-0123456789")
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    async with server:
+        await run_streams(Target("up", (url,)), iter([streamed(COMPLETIONS, prompt="a")]), streams=1, stagger_s=0.0,
+                          stop_s=time.perf_counter() + 0.01, timeout_s=5.0)
+        async with new_session() as session:
+            await send(session, "up", url, streamed(COMPLETIONS, prompt="a"), timeout_s=5.0)
+    assert len(heads) >= 2  # at least one from each client
+    assert all(b"\r\nAuthorization: Bearer sk-load-key-0123456789\r\n" in head for head in heads), heads
