@@ -1,10 +1,15 @@
 # pdserve on the Ray LLM image: Ray 2.58, vLLM 0.26, NIXL, CUDA 13, Python 3.12.
 # The same image runs the Ray head (gateway) and the engine workers; `render k8s` names it in
 # kubernetes.image and its Ray version in kubernetes.ray_version. See docs/deploy.md.
-#   docker build -t pdserve:latest .
+#   docker build -t pdserve:0.1.0 .
 # RAY_VERSION must equal kubernetes.ray_version (a test checks the default; the build checks the image).
+# BASE_DIGEST pins the base image: a tag can be moved to other content, a digest cannot. While it is empty the
+# build stops at FROM, before anything is pulled ("BASE_DIGEST: unpinned-base-image:run-docker/pin-base.sh":
+# BuildKit's ${VAR:?message}, moby/buildkit frontend/dockerfile/shell/lex.go); docker/pin-base.sh fills it with
+# the digest the tag names now.
 ARG RAY_VERSION=2.58.0
-FROM rayproject/ray-llm:${RAY_VERSION}-py312-cu130
+ARG BASE_DIGEST=
+FROM rayproject/ray-llm:${RAY_VERSION}-py312-cu130@${BASE_DIGEST:?unpinned-base-image:run-docker/pin-base.sh}
 ARG RAY_VERSION
 LABEL io.ray.version=${RAY_VERSION}
 RUN python -c "import ray, sys; sys.exit(ray.__version__ != '${RAY_VERSION}' and f'image has Ray {ray.__version__}, expected ${RAY_VERSION}')"
@@ -40,14 +45,20 @@ COPY --chown=ray:users pyproject.toml setup.py README.md /home/ray/pdserve/
 COPY --chown=ray:users pdserve /home/ray/pdserve/pdserve
 COPY --chown=ray:users pdserve_vllm /home/ray/pdserve/pdserve_vllm
 COPY --chown=ray:users docker/check-shared-libs.sh /home/ray/pdserve/docker/check-shared-libs.sh
+COPY --chown=ray:users docker/requirements.lock /home/ray/pdserve/docker/requirements.lock
+COPY --chown=ray:users docker/missing_from_image.py /home/ray/pdserve/docker/missing_from_image.py
 
-# Every package the image already has keeps its version (vLLM, torch, Ray, NIXL): pip only adds
-# what pdserve needs and the image lacks, and fails loudly if pdserve needs another version.
+# Every package the image already has keeps its version (vLLM, torch, Ray, NIXL where it has it). What pip adds
+# comes from docker/requirements.lock only, pinned, each file checked against its sha256 (--require-hashes, with
+# --no-deps: nothing unlocked comes along); docker/missing_from_image.py keeps the lock's entries the image lacks.
+# pdserve itself is then installed without any index: a requirement of it that the image and the lock leave
+# unmet, or a version it cannot use, fails the build.
 RUN pip list --format=freeze > /tmp/image-packages.txt \
-    && (python -c "import nixl" 2>/dev/null \
-        || pip install --no-cache-dir --constraint /tmp/image-packages.txt nixl-cu13) \
-    && pip install --no-cache-dir --constraint /tmp/image-packages.txt /home/ray/pdserve \
-    && rm /tmp/image-packages.txt \
+    && python /home/ray/pdserve/docker/missing_from_image.py /home/ray/pdserve/docker/requirements.lock \
+        /tmp/image-packages.txt > /tmp/missing.lock \
+    && pip install --no-cache-dir --require-hashes --no-deps -r /tmp/missing.lock \
+    && pip install --no-cache-dir --no-index --no-build-isolation /home/ray/pdserve \
+    && rm /tmp/image-packages.txt /tmp/missing.lock \
     && pdserve --help > /dev/null \
     && (python -c "import pdserve.pd._chunk_relay" 2>/dev/null \
         || echo "WARNING: pdserve's C chunk relay was not built (no C compiler?): the gateway relays every chunk in Python")

@@ -22,6 +22,10 @@ With --b-workers, B's gateway runs that many processes: --a and --b the same tre
 auto): auto serves these 64-token prompts in one leg, as `pdserve serve` decides; always through both legs.
 --output-tokens below 256 weighs each request's own work more per chunk.
 
+--keys runs B as a deployment facing clients would: client and admin API keys (the load sends the client key as
+OPENAI_API_KEY, to A too, which ignores it), an engine key, and a per-key token rate high enough never to refuse,
+so B pays every per-request check: key, per-key limits, the tenant's cache salt.
+
 (with pdserve importable: installed, or PYTHONPATH=. from the repository's root).
 """
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import shutil
 import statistics
 import subprocess
@@ -45,12 +50,14 @@ from pdserve.bench.load_processes import LoadProcesses
 from pdserve.bench.machine import machine_state
 from pdserve.bench.overhead import chunks_in
 from pdserve.bench.prompts import WordPrompts
-from pdserve.bench.runner import Target
+from pdserve.bench.runner import CLIENT_KEY_ENV, Target
 from pdserve.bench.services import child_service, free_port, gateway_argv, synthetic_engines
 from pdserve.bench.stats import Slo, Window, summarize
 from pdserve.bench.workload import Lengths, shared_prefix_chat, synthetic
 
 _NO_SLO = Slo(ttft_s=float("inf"), itl_s=float("inf"))
+# --keys: fixed keys for a benchmark on loopback, never a deployment's
+CLIENT_KEY, ADMIN_KEY, ENGINE_KEY = "sk-bench-client-key-0001", "sk-bench-admin-key-00001", "bench-engine-key-000001"
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -64,6 +71,10 @@ async def main(args: argparse.Namespace) -> None:
     per_chunk_us: dict[str, list[float]] = {"A": [], "B": []}
     per_request_us: dict[str, list[float]] = {"A": [], "B": []}
     ttft_p50_ms: dict[str, list[float]] = {"A": [], "B": []}
+    if args.keys:
+        os.environ[CLIENT_KEY_ENV] = CLIENT_KEY  # the load processes, started below, inherit it
+        args.b_env += [f"PDSERVE_API_KEYS={CLIENT_KEY}", f"PDSERVE_ADMIN_KEY={ADMIN_KEY}",
+                       f"PDSERVE_ENGINE_KEY={ENGINE_KEY}", "PDSERVE_ACCESS__PER_KEY_TOKENS_PER_MIN=1000000000"]
     print(_machine_line("start"), flush=True)
     async with contextlib.AsyncExitStack() as stack:
         upstreams = await stack.enter_async_context(synthetic_engines(
@@ -116,7 +127,8 @@ async def _window(args: argparse.Namespace, name: str, load: LoadProcesses, upst
 
 async def _first_tokens(port: int) -> str:
     """The gateway's pdserve_first_tokens_total series (one worker's, with several), read after the window."""
-    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as reply:
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}  # what a gateway with --keys asks; one without ignores it
+    async with aiohttp.ClientSession(headers=admin) as session, session.get(f"http://127.0.0.1:{port}/metrics") as reply:
         text = await reply.text()
     series = [line.removeprefix("pdserve_first_tokens_total") for line in text.splitlines()
               if line.startswith("pdserve_first_tokens_total{")]
@@ -182,6 +194,7 @@ if __name__ == "__main__":
     parser.add_argument("--chat", action="store_true", help="streamed chat with a shared prefix, not completions")
     parser.add_argument("--b-env", action="append", default=[], metavar="NAME=value",
                         help="more environment for B's gateway only (a setting A's tree does not know)")
+    parser.add_argument("--keys", action="store_true", help="B with client, admin and engine keys and per-key limits")
     parser.add_argument("--load-processes", type=int, default=1)
     parser.add_argument("--upstreams", type=int, default=1, help="synthetic engine processes")
     parser.add_argument("--steady-s", type=float, default=8.0)

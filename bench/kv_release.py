@@ -3,8 +3,9 @@ against left to NIXL's lease (docs/reliability.md, "Cancellation").
 
     .venv/bin/python bench/kv_release.py --prefill-url http://127.0.0.1:8100 --decode-url http://127.0.0.1:8200
 
-Against a running, idle `pdserve up` (the CPU demo): each case prefills one prompt for a remote
-decode engine and times until the prefill engine's ``vllm:kv_cache_usage_perc`` reads zero again.
+Against a running, idle `pdserve up` (the CPU demo), with its engine key (PDSERVE_ENGINE_KEY, else the one it keeps in
+its run folder): each case prefills one prompt for a remote decode engine and times until the prefill engine's
+``vllm:kv_cache_usage_perc`` reads zero again.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pdserve.config import load_settings
 from pdserve.engine_config import DEMO_MODEL_NAME
+from pdserve.engine_key import engine_session, load_engine_key
 from pdserve.pd import decode, prefill
 from pdserve.pd.engine_http import EngineClient
 
@@ -47,8 +50,10 @@ async def seconds_held(session: aiohttp.ClientSession, client: EngineClient, arg
 
 
 async def main(args: argparse.Namespace) -> None:
-    client = EngineClient(connect_timeout_s=5)
-    async with aiohttp.ClientSession() as session:
+    settings = load_settings()
+    engine_key = load_engine_key(settings.gateway, run_dir=settings.run_dir)
+    client = EngineClient(connect_timeout_s=5, headers=engine_key.headers())
+    async with engine_session(engine_key) as session:
         for give_back in (True, False):
             held_s = await seconds_held(session, client, args, give_back=give_back)
             print(f"{'given back by pdserve' if give_back else 'left to the lease':24} freed after {held_s:.2f} s")

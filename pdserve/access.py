@@ -19,7 +19,7 @@ from pdserve.gateway_config import GatewaySpec
 API_KEYS_ENV = "PDSERVE_API_KEYS"
 ADMIN_KEY_ENV = "PDSERVE_ADMIN_KEY"
 MIN_KEY_CHARS = 16  # shorter keys can be guessed
-_KEY = re.compile(r"[\x21-\x7e]+")  # visible ASCII: what fits in `Authorization: Bearer <key>`
+KEY_CHARS = re.compile(r"[\x21-\x7e]+")  # visible ASCII: what fits in `Authorization: Bearer <key>`
 
 
 class Access(IntEnum):
@@ -32,20 +32,27 @@ class Access(IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class AccessKeys:
-    """The configured keys; none at all means everything is open, as on a laptop."""
+    """The configured keys; none at all means everything is open (a gateway on loopback, or ``access.open``:
+    gateway/exposure.py); any key closes every route but the probes to a request without one."""
 
     api_keys: tuple[bytes, ...] = field(default=(), repr=False)
     admin_key: bytes | None = field(default=None, repr=False)
 
+    @property
+    def is_open(self) -> bool:
+        """No key at all: every request is granted everything."""
+        return self.admin_key is None and not self.api_keys
+
     def grant(self, authorization: bytes | None) -> Access:
         """What an ``Authorization`` header's value grants. Every key is compared, each in constant
-        time, so the time taken tells nothing about which key came close."""
+        time, so the time taken tells nothing about which key came close. An admin key alone opens
+        nothing to others: only the admin may then use the gateway."""
         presented = _bearer_token(authorization)
         is_admin = self.admin_key is not None and hmac.compare_digest(presented, self.admin_key)
         matches = [hmac.compare_digest(presented, key) for key in self.api_keys]
-        if is_admin or (self.admin_key is None and not self.api_keys):
+        if is_admin or self.is_open:
             return Access.ADMIN
-        return Access.CLIENT if any(matches) or not self.api_keys else Access.NONE
+        return Access.CLIENT if any(matches) else Access.NONE
 
     def require(self, authorization: bytes | None, needed: Access) -> None:
         """Raises BadRequest (401) unless ``authorization`` grants ``needed``; the key is never echoed."""
@@ -108,7 +115,7 @@ def _keys(text: str, *, source: str) -> list[bytes]:
         key = line.strip()
         if not key or key.startswith("#"):
             continue
-        if not _KEY.fullmatch(key) or len(key) < MIN_KEY_CHARS:
+        if not KEY_CHARS.fullmatch(key) or len(key) < MIN_KEY_CHARS:
             raise ConfigError(f"{source}: key {number} must be at least {MIN_KEY_CHARS} visible ASCII characters")
         keys.append(key.encode("ascii"))
     return keys

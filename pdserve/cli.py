@@ -80,6 +80,8 @@ def serve(
     log_format: LogFormatOption = None,
 ) -> None:
     """Run only the gateway, in front of engines that are already running."""
+    from pdserve.engine_key import load_engine_key
+    from pdserve.engines.vllm_version import check_engine_versions
     from pdserve.gateway.server import make_gateway_server
 
     flags: dict[str, Any] = {"gateway.port": port, "gateway.host": host, "gateway.workers": workers,
@@ -90,11 +92,16 @@ def serve(
         flags |= {"decode.urls": decode_url, "decode.engines": 0}
     settings = _settings(config, **flags)
     log = settings.launch.log_format
-    with exit_on_errors(log_format=log):
+
+    async def serve_gateway() -> None:  # made on the loop, with logging set up: it logs its connection cap
         server = make_gateway_server(settings, handle_signals=True)
-    progress_printer(log)(f"gateway on http://{settings.gateway.host}:{settings.gateway.port}/v1 "
-                          f"({settings.gateway.workers} process{'es' if settings.gateway.workers > 1 else ''})")
-    _run(server.serve(), log_format=log)
+        progress_printer(log)(f"gateway on {settings.gateway.scheme}://{settings.gateway.host}:"
+                              f"{settings.gateway.port}/v1 ({settings.gateway.workers} "
+                              f"process{'es' if settings.gateway.workers > 1 else ''})")
+        await check_engine_versions(settings, engine_key=load_engine_key(settings.gateway, run_dir=settings.run_dir))
+        await server.serve()
+
+    _run(serve_gateway(), log_format=log)
 
 
 @app.command()
@@ -138,13 +145,19 @@ def status(
 ) -> None:
     """The running gateway's engines: role, address, health, load, prefix-cache hit rate, legs routed."""
     from pdserve.access import load_access_keys
+    from pdserve.engine_key import load_engine_key
+    from pdserve.engines.vllm_version import status_warnings
     from pdserve.status import fetch_rows, format_json, format_rows
 
     settings = _settings(config)
     with exit_on_errors():
         rows = asyncio.run(fetch_rows(find_gateway(settings, gateway_url=gateway_url),
                                       headers=load_access_keys(settings.gateway).headers(), timeout_s=timeout_s))
+        warnings = asyncio.run(status_warnings([(row.role, row.url) for row in rows], timeout_s=timeout_s,
+                                               engine_key=load_engine_key(settings.gateway, run_dir=settings.run_dir)))
     print(format_json(rows) if as_json else format_rows(rows), flush=True)
+    for line in warnings:  # engines allowed to run a vLLM outside the supported range
+        print(line, file=sys.stderr, flush=True)
 
 
 @app.command()

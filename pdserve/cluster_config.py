@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -62,7 +63,9 @@ class RaySpec(FrozenSpec):
     address: str = Field("http://127.0.0.1:8265", description=(
         "the cluster's dashboard, as `serve deploy --address` takes it"))
     app_name: str = Field("pdserve", description="Serve application name")
-    gateway_cpus: float = Field(1.0, gt=0, description="CPUs reserved for the gateway replica")
+    gateway_cpus: float = Field(1.0, ge=0, description=(
+        "CPUs reserved for each gateway replica; 0 = none: it shares its node's cores (a 2-core laptop's go to the "
+        "engines)"))
     gateway_resources: dict[str, float] = Field(default_factory=dict, description=(
         "Ray custom resources for the gateway replica, e.g. {head: 1}"))
     health_check_period_s: float = Field(2.0, gt=0, description=(
@@ -81,7 +84,8 @@ class KubernetesSpec(FrozenSpec):
 
     name: str = Field("pdserve", description="RayService name; prefix of every object")
     namespace: str = Field("pdserve", description="namespace of every object")
-    image: str = Field("pdserve:latest", description="container image (see Dockerfile) on head and workers")
+    image: str = Field(f"pdserve:{version('pdserve')}", description=(
+        "container image (see Dockerfile) on head and workers; the default is this release's tag, never `latest`"))
     ray_version: str = Field("2.58.0", description="Ray version inside the image")
     head_cpus: float = Field(2.0, gt=0)
     head_memory_gib: float = Field(8.0, gt=0)
@@ -99,6 +103,12 @@ class KubernetesSpec(FrozenSpec):
         "how a change of the pods (image, resources) rolls out: recreate = KubeRay's upgradeStrategy None, and "
         "`cloud up` replaces the RayService (the engines restart; fits fixed GPU node groups); new_cluster = "
         "KubeRay's NewCluster, which needs room for a second set of engine pods"))
+    kuberay_namespace: str = Field("kuberay-system", description=(
+        "namespace of the KubeRay operator (`cloud up` installs it there): the NetworkPolicies let only its pods "
+        "reach the Ray dashboard"))
+    prometheus_namespace: str = Field("monitoring", description=(
+        "namespace of the Prometheus that scrapes the engines: the NetworkPolicies let only its Prometheus pods "
+        "(app.kubernetes.io/name: prometheus) reach the engines' port"))
     model_cache_path: str = Field("/var/lib/pdserve/cache", description=(
         "a directory on each GPU node (hostPath) for downloaded weights and vLLM's compile cache, so a replaced "
         "engine pod neither downloads nor compiles again and finds the weights in the page cache; empty = none"))

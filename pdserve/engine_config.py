@@ -177,6 +177,10 @@ class LaunchSpec(FrozenSpec):
         "request_id, role, endpoint and timings as fields (--log-format)"))
     max_restarts: int = Field(5, ge=0, description="per engine, before giving up")
     python: str = Field("", description="interpreter for engines; empty = this one")
+    allow_vllm_version: str = Field("", description=(
+        "a vLLM version outside pdserve's supported range (pdserve_vllm/versions.py, docs/versions.md) that engines "
+        "may run anyway, e.g. '0.35.0': `up` and `serve` then warn instead of refusing, and `status` says so; each "
+        "hook still checks the vLLM names it needs as its engine starts"))
     cache_dir: str = Field("", description=(
         "where engines keep vLLM's compiled model (VLLM_CACHE_ROOT), so a second start loads it instead of "
         "compiling for minutes; empty = vLLM's own ~/.cache/vllm"))

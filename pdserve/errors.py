@@ -7,6 +7,7 @@
     ├── NoHealthyEndpoint    no engine of a role is up (503)
     ├── NotReady             the gateway has not yet sent a request through both legs (503)
     ├── Overloaded           no slot for the request and no room or time left to wait for one (429)
+    ├── RateLimited          one API key past its own limits: requests in flight or tokens per minute (429)
     ├── LegFailed            a prefill or decode leg broke (502/504)
     ├── EngineStartFailed    an engine process exited or never became ready
     ├── DeployError          rendering or applying deployment manifests failed
@@ -68,6 +69,15 @@ class Overloaded(PdserveError):
         what = "too many requests are waiting" if reason is OverloadReason.QUEUE_FULL else "no slot freed in time"
         super().__init__(f"pdserve is overloaded ({what}); retry after {retry_after_s} s")
         self.reason, self.retry_after_s = reason, retry_after_s
+
+
+class RateLimited(PdserveError):
+    """One tenant past its per-key limits (gateway/key_limits.py); ``kind``: what ran out, as OpenAI's error type
+    names it ("requests" or "tokens"); ``retry_after_s``: when that frees."""
+
+    def __init__(self, message: str, *, kind: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.kind, self.retry_after_s = kind, retry_after_s
 
 
 class LegFailed(PdserveError):

@@ -56,12 +56,19 @@ class GatewaySpec(FrozenSpec):
     max_schema_nodes: int = Field(4096, gt=0, description=(
         "JSON values in one request's schemas (objects, arrays, enum entries, ...), what their compile time grows "
         "with; more gets 400"))
-    ssl_certfile: str = Field("", description="PEM certificate chain: the gateway serves HTTPS (with ssl_keyfile)")
-    ssl_keyfile: str = Field("", description="PEM private key of ssl_certfile")
+    ssl_certfile: str = Field("", description=(
+        "PEM certificate chain: the gateway serves HTTPS (with ssl_keyfile; both or neither)"))
+    ssl_keyfile: str = Field("", description="PEM private key of ssl_certfile, unencrypted")
     api_keys_file: str = Field("", description=(
-        "client API keys, one per line (or PDSERVE_API_KEYS, comma-separated); none = no key needed"))
+        "client API keys, one per line (or PDSERVE_API_KEYS, comma-separated); with no key at all the gateway is "
+        "open, which it may be only on loopback or with access.open"))
     admin_key_file: str = Field("", description=(
-        "the admin key (or PDSERVE_ADMIN_KEY): needed, once any key is set, for /health's engine listing"))
+        "the admin key (or PDSERVE_ADMIN_KEY): needed, once any key is set, for /metrics, /health's engine listing, "
+        "/admin/* and /dashboard; it opens the OpenAI routes too"))
+    engine_key_file: str = Field("", description=(
+        "the key every engine requires (or PDSERVE_ENGINE_KEY), one line: that of the engines at prefill/decode urls, "
+        "or one for the engines `pdserve up` launches; empty = `pdserve up` makes a new one per deployment (kept in "
+        "its run folder while it runs), and engines at urls need none"))
     leg_attempts: int = Field(2, ge=1, description="endpoints tried per leg before failing")
     local_fallback: bool = Field(True, description=(
         "when no prefill engine could prefill a request, the decode engine prefills it itself (no error)"))
@@ -108,6 +115,17 @@ class GatewaySpec(FrozenSpec):
     otlp_traces_endpoint: str = Field("", pattern=r"^(https?://\S+)?$", description=(
         "OTLP/HTTP traces URL, e.g. http://127.0.0.1:4318/v1/traces: the gateway exports a span tree per request "
         "and the engines it launches join it (vLLM --otlp-traces-endpoint); empty = off"))
+
+    @property
+    def scheme(self) -> str:
+        """How clients reach the gateway: https once it has a certificate."""
+        return "https" if self.ssl_certfile else "http"
+
+    @model_validator(mode="after")
+    def _check_tls_pair(self) -> GatewaySpec:
+        if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
+            raise ValueError("ssl_certfile and ssl_keyfile go together: set both (HTTPS) or neither (HTTP)")
+        return self
 
 
 class RoutingSpec(FrozenSpec):

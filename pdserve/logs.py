@@ -4,7 +4,8 @@ as one JSON object per line (``launch.log_format``).
 The gateway logs a line per leg from its event loop. Written inline, a stderr that blocks (a full
 pipe, a stopped terminal) would stall every stream it serves; here the loop only formats and
 queues the record, and the JSON encoding happens on the writer's thread. (Latency did not move
-measurably either way: docs/benchmarks.md.)
+measurably either way: docs/benchmarks.md.) Every record is one line: what an engine or a client wrote into
+it (error text, a model name) cannot start a line of its own (``escape_controls``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ _NUMBER = re.compile(r"-?\d+(\.\d+)?")
 # Names, not numbers, even when they look like one (a client's X-Request-Id of "42").
 TEXT_FIELDS = frozenset({"request_id", "role", "mode", "endpoint", "prefill_endpoint"})
 RECORD_KEYS = ("time", "level", "logger", "message")
+# What could forge a log line or hide text from its reader: C0 and C1 controls (CR, LF, ESC, ...), Unicode's
+# line and paragraph separators, and its bidirectional overrides and isolates.
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+TRACEBACK_PREFIX = "  | "  # each line of a record's traceback: none can pass for a record of its own
 
 
 class JsonFormatter(logging.Formatter):
@@ -57,6 +62,30 @@ def message_fields(message: str) -> dict[str, Any]:
         is_number = key not in TEXT_FIELDS and _NUMBER.fullmatch(value)
         fields[key] = (float(value) if "." in value else int(value)) if is_number else value
     return fields
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with each character that could forge a log line or hide text written as its Python escape
+    (``\\r``, ``\\n``, ``\\x1b``, ``\\u2028``). Pure."""
+    return _UNSAFE.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
+
+
+class OneLineFormatter(logging.Formatter):
+    """A record's message, its arguments filled in, on one line with its control characters escaped; its
+    traceback, if any, on the lines below, each escaped and starting with TRACEBACK_PREFIX."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return escape_controls(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        return _prefixed(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        return _prefixed(super().formatStack(stack_info))
+
+
+def _prefixed(text: str) -> str:
+    return "\n".join(TRACEBACK_PREFIX + escape_controls(line) for line in text.split("\n"))
 
 
 def make_formatter(log_format: LogFormat) -> logging.Formatter:
@@ -93,7 +122,7 @@ def logging_off_the_loop(level: int, *, handler: logging.Handler | None = None,
     records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
     listener = QueueListener(records, target)
     enqueue = QueueHandler(records)
-    enqueue.setFormatter(logging.Formatter("%(message)s"))  # the message with its args; the rest at the writer
+    enqueue.setFormatter(OneLineFormatter("%(message)s"))  # the message with its args; the rest at the writer
     logging.basicConfig(level=level, handlers=[enqueue], force=True)
     listener.start()
     try:

@@ -65,6 +65,9 @@ class _Sampling(BaseModel):
     skip_special_tokens: bool | None = None
     return_token_ids: bool | None = None
     structured_outputs: dict[str, Any] | None = None  # vLLM's guided decoding (json, regex, choice, grammar, ...)
+    # vLLM's prefix-cache salt, as its validator takes it (entrypoints/generate/base/protocol.py, validate_cache_salt);
+    # the gateway folds it into its tenant's own (gateway/tenants.py), so it parts that tenant's cache, no other's.
+    cache_salt: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^@/\\\x00]+$")] | None = None
 
 
 class ChatMessage(BaseModel):

@@ -1,8 +1,8 @@
 """``pdserve up``: the whole deployment on this machine (engines + gateway) until a signal.
 
-Order: model ready -> ports free -> engines ready -> gateway up -> the gateway's warm-up request
-through both legs (NIXL handshake done before any user request) -> the gateway's address recorded in the
-run folder (gateway_address.py) -> ready line -> supervise -> stop all.
+Order: ports free -> vLLM versions in range (engines/vllm_version.py) -> model ready -> engines ready -> gateway up
+-> the gateway's warm-up request through both legs (NIXL handshake done before any user request) -> the gateway's
+address recorded in the run folder (gateway_address.py) -> ready line -> supervise -> stop all.
 """
 
 from __future__ import annotations
@@ -18,12 +18,14 @@ import aiohttp
 
 from pdserve.config import Settings
 from pdserve.demo.model import build_demo_model
+from pdserve.engine_key import NO_ENGINE_KEY, deployment_engine_key, engine_session, given_engine_key
 from pdserve.engines.host_checks import gpu_memory_bytes
 from pdserve.engines.launcher import busy_ports
 from pdserve.engines.model_layout import ModelLayout, describe, read_layout
 from pdserve.engines.supervisor import Supervisor
+from pdserve.engines.vllm_version import check_engine_versions
 from pdserve.errors import ConfigError, EngineStartFailed
-from pdserve.gateway.server import make_gateway_server
+from pdserve.gateway.server import GatewayServer, make_gateway_server
 from pdserve.gateway_address import configured_url, forget_gateway, record_gateway
 
 READY_POLL_S = 0.1
@@ -37,41 +39,54 @@ async def run_up(settings: Settings, *, progress: Callable[[str], None]) -> None
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     _check_ports_free(settings)
+    # engines at urls were given their key; those it launches get theirs below
+    await check_engine_versions(settings, engine_key=given_engine_key(settings.gateway) or NO_ENGINE_KEY)
     model_path = await resolve_model(settings, progress=progress)
     layout = await resolve_layout(model_path, progress=progress)
     gpu_memory = await gpu_memory_bytes([settings.prefill, settings.decode])
-    supervisor = Supervisor(settings, model_path=model_path, layout=layout, progress=progress,
-                            gpu_memory_bytes=gpu_memory)
-    server = make_gateway_server(settings, members=supervisor.members)
+    # The engines answer only the key, which the supervisor's polls and the gateway send: no other process may.
+    with deployment_engine_key(settings.gateway, run_dir=settings.run_dir) as engine_key:
+        supervisor = Supervisor(settings, model_path=model_path, layout=layout, progress=progress,
+                                engine_key=engine_key, gpu_memory_bytes=gpu_memory)
+        server = make_gateway_server(settings, members=supervisor.members, engine_key=engine_key)
+        async with engine_session(engine_key) as session:
+            await _serve(settings, supervisor, server, session, stop=stop, started_s=started_s, progress=progress)
+
+
+async def _serve(settings: Settings, supervisor: Supervisor, server: GatewayServer, session: aiohttp.ClientSession,
+                 *, stop: asyncio.Event, started_s: float, progress: Callable[[str], None]) -> None:
+    """Engines, then the gateway, then supervise until ``stop``; ``session`` carries the engine key."""
     tasks: list[asyncio.Task[None]] = []
-    async with aiohttp.ClientSession() as session:
-        try:
-            progress(f"starting {len(supervisor.engines)} engine(s); Ctrl-C stops everything")
-            if not await _until_stopped(stop, supervisor.start_all(session)):
-                return
-            tasks.append(asyncio.create_task(server.serve()))
-            while not server.started:
-                if tasks[0].done():  # uvicorn could not start: say why
-                    tasks[0].result()
-                    raise EngineStartFailed("the gateway server stopped during start-up")
-                await asyncio.sleep(0.05)
-            base_url = f"http://{settings.gateway.host}:{settings.gateway.port}"
-            ready = wait_ready(session, base_url, progress, timeout_s=settings.launch.ready_timeout_s)
+    try:
+        progress(f"starting {len(supervisor.engines)} engine(s); Ctrl-C stops everything")
+        if not await _until_stopped(stop, supervisor.start_all(session)):
+            return
+        tasks.append(asyncio.create_task(server.serve()))
+        while not server.started:
+            if tasks[0].done():  # uvicorn could not start: say why
+                tasks[0].result()
+                raise EngineStartFailed("the gateway server stopped during start-up")
+            await asyncio.sleep(0.05)
+        base_url = f"{settings.gateway.scheme}://{settings.gateway.host}:{settings.gateway.port}"
+        # Not the engines' key: the gateway is no engine. Its readiness carries no secret either way, so its
+        # certificate (gateway.ssl_certfile) need not name the address bound.
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=False)) as gateway_session:
+            ready = wait_ready(gateway_session, base_url, progress, timeout_s=settings.launch.ready_timeout_s)
             if not await _until_stopped(stop, ready):
                 return
-            record_gateway(settings.run_dir, url=configured_url(settings))  # `status`, `scale`, `verify` look here
-            progress(ready_line(base_url, settings.model.served_name, time.monotonic() - started_s))
-            tasks.append(asyncio.create_task(supervisor.keep_alive(session)))
-            await _until_stopped(stop, _first_done(tasks))
-        finally:
-            progress("stopping gateway and engines ...")
-            forget_gateway(settings.run_dir)
-            server.should_exit = True
-            await supervisor.stop_all()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            progress("stopped")
+        record_gateway(settings.run_dir, url=configured_url(settings))  # `status`, `scale`, `verify` look here
+        progress(ready_line(base_url, settings.model.served_name, time.monotonic() - started_s))
+        tasks.append(asyncio.create_task(supervisor.keep_alive(session)))
+        await _until_stopped(stop, _first_done(tasks))
+    finally:
+        progress("stopping gateway and engines ...")
+        forget_gateway(settings.run_dir)
+        server.should_exit = True
+        await supervisor.stop_all()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        progress("stopped")
 
 
 async def resolve_model(settings: Settings, *, progress: Callable[[str], None]) -> str:

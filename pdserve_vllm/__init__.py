@@ -3,6 +3,7 @@ of pdserve, and this file nothing of vLLM, so pdserve can name what it sets with
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # vLLM's OpenAI server, run as a module
@@ -10,6 +11,24 @@ VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # vLLM's OpenAI serve
 # The per-deployment secret every engine pdserve launches requires: vLLM's API key on every HTTP route but /health
 # (engine_key.py), and the key of its NIXL side channel (side_channel.py). Set by pdserve, never given to clients.
 ENGINE_KEY_ENV = "PDSERVE_ENGINE_KEY"
+# vLLM's ``--middleware`` for it, as vLLM names a class (module path, a dot, the class: serve/middleware/register.py).
+ENGINE_KEY_MIDDLEWARE = "pdserve_vllm.engine_key.EngineKeyMiddleware"
+ENGINE_KEY_MIN_CHARS = 16  # an engine refuses a shorter key: pdserve's own check (access.MIN_KEY_CHARS) is no laxer
+
+
+class EngineKeyMissing(RuntimeError):
+    """The engine was started without the deployment's engine key: it refuses to start rather than run open."""
+
+
+def read_engine_key(environ: Mapping[str, str]) -> str:
+    """The engine key in ``environ`` (ENGINE_KEY_ENV). Raises EngineKeyMissing, one line naming the variable and
+    never its value, where it is unset or shorter than ENGINE_KEY_MIN_CHARS."""
+    key = environ.get(ENGINE_KEY_ENV, "").strip()
+    if len(key) < ENGINE_KEY_MIN_CHARS:
+        raise EngineKeyMissing(f"pdserve: {ENGINE_KEY_ENV} is {'too short' if key else 'not set'}: this engine "
+                               f"refuses to start without the deployment's engine key (at least "
+                               f"{ENGINE_KEY_MIN_CHARS} characters), which only pdserve gives it")
+    return key
 
 # The pause of an engine's NIXL progress thread between rounds, in microseconds (nixl_progress.py).
 PROGRESS_DELAY_ENV = "PDSERVE_NIXL_PROGRESS_DELAY_US"

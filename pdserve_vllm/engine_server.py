@@ -17,6 +17,11 @@ import runpy
 import socket
 import sys
 
+from pdserve_vllm.contract import Hook
+from pdserve_vllm.contract_check import require
+
+require(Hook.ENGINE_SERVER)  # before vLLM's imports: a release without these names is refused by name (contract.py)
+
 from vllm.platforms.cpu import CpuPlatform
 
 from pdserve_vllm import VLLM_SERVER_MODULE

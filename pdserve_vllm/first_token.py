@@ -14,6 +14,11 @@ the logits of the whole batch before sampling.
 
 from __future__ import annotations
 
+from pdserve_vllm.contract import Hook
+from pdserve_vllm.contract_check import require
+
+require(Hook.FIRST_TOKEN)  # before vLLM's imports: a release without these names is refused by name (contract.py)
+
 import torch
 from vllm import SamplingParams
 from vllm.config import VllmConfig

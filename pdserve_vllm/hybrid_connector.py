@@ -1,5 +1,6 @@
 """Runs inside every engine of a hybrid model (attention and Mamba-style layers), loaded as its KV connector module
-(``kv_connector_module_path``): vLLM's NixlConnector (with pdserve's NIXL progress pause, nixl_progress.py) that
+(``kv_connector_module_path``): vLLM's NixlConnector (with pdserve's NIXL progress pause and keyed side channel,
+installed as nixl_progress.py is imported) that
 
 - keeps a prefill request's whole prompt where the request asks (whole_prompt.py says which and why), so its
   sampled token can be the client's first token (pdserve/pd/first_token.py);
@@ -21,6 +22,11 @@ from __future__ import annotations
 import logging
 from types import MethodType
 from typing import Any
+
+from pdserve_vllm.contract import Hook
+from pdserve_vllm.contract_check import require
+
+require(Hook.HYBRID_CONNECTOR)  # before vLLM's imports: a release without these names is refused by name (contract.py)
 
 import torch
 from vllm.v1.kv_cache_interface import MambaSpec

@@ -1,5 +1,7 @@
-"""Runs inside a vLLM engine, loaded as its KV connector module (``kv_connector_module_path``):
-vLLM's own NixlConnector, unchanged, whose NIXL agent's progress thread pauses between rounds.
+"""Runs inside every engine pdserve launches, loaded as its KV connector module (``kv_connector_module_path``):
+vLLM's own NixlConnector, whose NIXL agent's progress thread pauses between rounds, whose handshake side channel
+answers only peers holding the engine key (side_channel.py, installed on import), and which refuses to start
+without that key.
 
 NIXL's Python API starts the agent's progress thread with no pause (``pthrDelay`` 0), so each
 engine keeps one core busy in system calls even while no KV moves: two idle CPU engines filled
@@ -12,13 +14,20 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+from typing import Any
+
+from pdserve_vllm.contract import Hook
+from pdserve_vllm.contract_check import require
+
+# Before vLLM's imports: a release without these names is refused by name (contract.py).
+require(Hook.NIXL_PROGRESS, Hook.SIDE_CHANNEL)
 
 # vLLM resolves the connector class by its name in this module; importing it first also lets
 # vLLM set UCX's environment before NIXL loads, as it does without this module.
-from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector as VllmNixlConnector
 from vllm.distributed.nixl_utils import NixlWrapper
 
-from pdserve_vllm import PROGRESS_DELAY_ENV, pause_progress_thread
+from pdserve_vllm import PROGRESS_DELAY_ENV, pause_progress_thread, read_engine_key, side_channel
 
 __all__ = ["NixlConnector"]
 log = logging.getLogger(f"vllm.{__name__}")  # vLLM prints its own logger tree to the engine log
@@ -37,4 +46,14 @@ def _install() -> None:
     log.info("NIXL progress thread pauses %d us between rounds (%s)", delay_us, PROGRESS_DELAY_ENV)
 
 
+class NixlConnector(VllmNixlConnector):
+    """vLLM's NixlConnector, made only where the engine key is set: its side channel, keyed from it, would
+    otherwise fail in its listener's thread, which vLLM's scheduler waits on with no timeout."""
+
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
+        read_engine_key(os.environ)
+        super().__init__(vllm_config, role, kv_cache_config)
+
+
 _install()
+side_channel.install()

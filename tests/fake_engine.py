@@ -63,6 +63,9 @@ class FakeEngine:
     # event, a tag the parser holds), and the message of a whole one-token reply (the parser's reading of it).
     chat_deltas: list[dict[str, Any] | None] | None = None
     first_message: dict[str, Any] | None = None
+    # What GET /version answers, as vLLM's does: {"version": vllm.version.__version__}
+    # (vllm/entrypoints/serve/instrumentator/basic.py:53-56, 0.32).
+    vllm_version: str = "0.32.0"
 
     def app(self) -> Starlette:
         routes = [
@@ -71,6 +74,7 @@ class FakeEngine:
             Route("/health", lambda _request: Response(status_code=self.health_status), methods=["GET"]),
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/metrics", lambda _request: Response(self.metrics_text, media_type="text/plain"), methods=["GET"]),
+            Route("/version", lambda _request: JSONResponse({"version": self.vllm_version}), methods=["GET"]),
         ]
         return Starlette(routes=routes)
 

@@ -13,9 +13,8 @@ import signal
 import sys
 from pathlib import Path
 
-import aiohttp
-
 from pdserve.config import load_settings
+from pdserve.engine_key import deployment_engine_key, engine_session
 from pdserve.engines.supervisor import Supervisor
 from pdserve.up import resolve_layout, resolve_model
 
@@ -26,15 +25,16 @@ async def run(config: Path) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
     model_path = await resolve_model(settings, progress=print)
-    supervisor = Supervisor(settings, model_path=model_path,
-                            layout=await resolve_layout(model_path, progress=print), progress=print)
-    async with aiohttp.ClientSession() as session:
-        try:
-            await supervisor.start_all(session)
-            print("engines ready", flush=True)
-            await stop.wait()
-        finally:
-            await supervisor.stop_all()
+    layout = await resolve_layout(model_path, progress=print)
+    with deployment_engine_key(settings.gateway, run_dir=settings.run_dir) as key:  # the bed gives every host one
+        supervisor = Supervisor(settings, model_path=model_path, layout=layout, progress=print, engine_key=key)
+        async with engine_session(key) as session:
+            try:
+                await supervisor.start_all(session)
+                print("engines ready", flush=True)
+                await stop.wait()
+            finally:
+                await supervisor.stop_all()
 
 
 if __name__ == "__main__":

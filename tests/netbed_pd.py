@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ import httpx
 import yaml
 
 from pdserve.engine_config import DEMO_MODEL_NAME
+from pdserve_vllm import ENGINE_KEY_ENV
 from tests.netbed import NetBed
 
 ENGINE_PORT = {"prefill": 8100, "decode": 8200}
@@ -31,6 +33,10 @@ READY_TIMEOUT_S = 900.0
 # memory transports reach an address of the same system id and IPC namespace). On separate machines
 # without RDMA it takes tcp: the bed says so.
 ACROSS_HOSTS_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "eth0"}
+# The deployment's engine key, given to every host as a user gives PDSERVE_ENGINE_KEY to separate machines.
+ENGINE_KEY = secrets.token_urlsafe(32)
+ENGINE_HEADERS = {"Authorization": f"Bearer {ENGINE_KEY}"}
+HOST_ENV = {**ACROSS_HOSTS_ENV, ENGINE_KEY_ENV: ENGINE_KEY}
 KV_PULL_TIMEOUT_S = 10.0  # what a request across a cut link waits before its decode engine prefills it
 EJECT_FOR_S = 20.0  # long enough that the request after a cut one still finds its prefill engine out
 LINK_TIMEOUT_S = 10.0  # a connection to an engine whose host went silent fails after this (pd/engine_socket.py)
@@ -57,7 +63,7 @@ class Deployment:
                    else [sys.executable, "-m", "tests.netbed_engines", str(config)])
         self.processes[name] = subprocess.Popen(self.bed.hosts[name].argv(*command), stdout=self.logs[name].open("a"),
                                                 stderr=subprocess.STDOUT, text=True, cwd=Path.cwd(),
-                                                env={**os.environ, **ACROSS_HOSTS_ENV})
+                                                env={**os.environ, **HOST_ENV})
 
     def until_ready(self) -> None:
         """Wait for the gateway's /health/ready: its engines answer and its warm-ups (sent again after a role had
@@ -104,6 +110,7 @@ def host_config(bed: NetBed, name: str, *, workdir: Path) -> dict[str, Any]:
         # not the others' (docs/reliability.md lists that as open).
         "gateway": {"host": bed.hosts[name].address, "port": GATEWAY_PORT, "workers": 1, "eject_after_failures": 1,
                     "eject_for_s": EJECT_FOR_S, "kv_pull_timeout_s": KV_PULL_TIMEOUT_S, "link_timeout_s": LINK_TIMEOUT_S},
+        "access": {"open": True},  # the bed's addresses are not loopback, and its tests send no key
     }
     for role in ("prefill", "decode"):
         if role != name:

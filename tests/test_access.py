@@ -51,8 +51,9 @@ def test_a_missing_key_file_and_two_admin_keys_are_config_errors(tmp_path: Path,
     (AccessKeys(api_keys=(KEY_A.encode(),)), None, Access.NONE),
     (AccessKeys(api_keys=(KEY_A.encode(),)), f"Bearer {KEY_A}".encode(), Access.CLIENT),
     (AccessKeys(api_keys=(KEY_A.encode(),)), f"Bearer {KEY_A}x".encode(), Access.NONE),
-    (AccessKeys(admin_key=ADMIN.encode()), None, Access.CLIENT),  # only the listing is closed
-    (AccessKeys(admin_key=ADMIN.encode()), f"Bearer {KEY_A}".encode(), Access.CLIENT),
+    (AccessKeys(admin_key=ADMIN.encode()), None, Access.NONE),  # an admin key alone opens nothing to others
+    (AccessKeys(admin_key=ADMIN.encode()), f"Bearer {KEY_A}".encode(), Access.NONE),
+    (AccessKeys(admin_key=ADMIN.encode()), f"Bearer {ADMIN}".encode(), Access.ADMIN),
     (AccessKeys(api_keys=(KEY_A.encode(),), admin_key=ADMIN.encode()), f"BEARER {ADMIN}".encode(), Access.ADMIN),
     (AccessKeys(api_keys=(KEY_A.encode(),), admin_key=ADMIN.encode()), f"Bearer {KEY_A}".encode(), Access.CLIENT),
     (AccessKeys(api_keys=(KEY_A.encode(),)), b"Bearer", Access.NONE),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -76,3 +77,16 @@ def test_gateway_host_node_outside_ray_exits_2_saying_what_to_bind(tmp_path: Pat
     result = pdserve("serve", "--host", "node", "--prefill-url", dead, "--decode-url", dead, "--port", str(free_port()),
                      cwd=tmp_path)
     assert result.returncode == 2 and "gateway.host: node is for Ray" in result.stderr, result.stderr
+
+
+def test_serve_on_every_interface_with_no_key_exits_2_in_one_line_saying_how_to_set_keys_or_open_it(
+        tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    env_without_keys = {name: value for name, value in os.environ.items()
+                        if name not in ("PDSERVE_API_KEYS", "PDSERVE_ADMIN_KEY")}
+    env_without_keys["PYTHONPATH"] = str(Path(__file__).parents[1])  # this checkout's pdserve
+    result = subprocess.run([sys.executable, "-m", "pdserve", "serve", "--host", "0.0.0.0", "--prefill-url", dead,
+                             "--decode-url", dead, "--port", str(free_port())], capture_output=True, text=True,
+                            timeout=60, cwd=tmp_path, env=env_without_keys, check=False)
+    (line,) = result.stderr.splitlines()
+    assert result.returncode == 2 and "PDSERVE_API_KEYS" in line and "access.open: true" in line, result.stderr

@@ -1,10 +1,12 @@
 """`status`, `scale` and `verify` find the gateway `pdserve up` serves (its --port included), and say in one
-line what they tried when none answers, or that the gateway wants the admin key."""
+line what they tried when none answers, or that the gateway wants the admin key; a record naming a gateway
+neither this config's nor on loopback is refused (the admin key goes there), and the record is 0600."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -97,3 +99,26 @@ async def test_verify_without_the_admin_key_names_it_as_status_does(tmp_path: Pa
             for command in ("status", "verify"):
                 code, _, stderr = await pdserve(command, "--gateway-url", base, cwd=tmp_path, env=child_env)
                 assert code == 1 and f"wants the admin key: set {ADMIN_KEY_ENV}" in stderr, stderr
+
+
+def test_a_record_naming_another_gateway_than_the_configs_or_loopback_gets_no_admin_key(tmp_path: Path) -> None:
+    settings = parse_settings({"launch": {"log_dir": str(tmp_path / "logs")}, "gateway": {"host": "10.0.0.5"}},
+                              source="test")
+    for url in ("http://10.0.0.5:8000", "http://127.0.0.1:9000", "http://localhost:9000", "http://[::1]:9000"):
+        record_gateway(settings.run_dir, url=url)
+        assert find_gateway(settings, gateway_url=None).url == url
+    for url in ("http://10.0.0.6:8000", "http://10.0.0.5:9000", "https://attacker.example", "file:///etc/passwd"):
+        record_gateway(settings.run_dir, url=url)
+        with pytest.raises(GatewayUnavailable, match="not sending it the admin key.*--gateway-url"):
+            find_gateway(settings, gateway_url=None)
+    assert find_gateway(settings, gateway_url="http://10.0.0.6:8000").url == "http://10.0.0.6:8000"  # the user's word
+
+
+def test_the_gateway_record_is_readable_by_its_user_only(tmp_path: Path) -> None:
+    settings = parse_settings({"launch": {"log_dir": str(tmp_path / "logs")}}, source="test")
+    record_gateway(settings.run_dir, url="http://127.0.0.1:9000")
+    record = settings.run_dir / "gateway.json"
+    assert stat.S_IMODE(record.stat().st_mode) == 0o600
+    record.chmod(0o644)  # as an older pdserve wrote it
+    assert find_gateway(settings, gateway_url=None).url == "http://127.0.0.1:9000"
+    assert stat.S_IMODE(record.stat().st_mode) == 0o600

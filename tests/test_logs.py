@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from pdserve.engine_config import LogFormat
 from pdserve.logs import logging_off_the_loop, message_fields, progress_printer
 from tests.fake_engine import FakeEngine
 from tests.gateway.test_app import MODEL, ready_gateway_over
@@ -76,7 +77,7 @@ def test_a_json_line_keeps_a_traceback_and_a_multi_line_message_in_one_object() 
         logging.getLogger("pdserve.test").error("prefill-0 DIED. Log tail:\nline one\nstatus=7")
     crash, died = json_lines(stream.getvalue())
     assert crash["request_id"] == "r1" and "ValueError: boom" in crash["message"]
-    assert died["message"].endswith("line one\nstatus=7") and "status" not in died, "fields come from the first line"
+    assert died["message"].endswith("line one\\nstatus=7") and "status" not in died, "escaped, on the first line"
 
 
 def test_message_fields_keep_names_as_text_and_never_shadow_the_record() -> None:
@@ -105,3 +106,30 @@ async def test_a_gateway_logging_json_writes_one_object_per_request_with_both_le
     assert line["mode"] == "pd" and line["status"] == 200 and line["kv_blocks"] >= 1
     assert line["endpoint"].startswith("http://127.0.0.1:") and line["prefill_endpoint"].startswith("http://127.0.0.1:")
     assert 0 < line["prefill_ms"] <= line["ttft_ms"] <= line["elapsed_ms"], line
+
+
+FORGED = "oops\r\n2030-01-01 00:00:00,000 INFO pdserve.gateway.app: admin logged in\x1b[2J\u2028\x85\u202eend"
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_what_an_engine_or_client_wrote_is_escaped_and_cannot_make_a_record_of_its_own(log_format: LogFormat) -> None:
+    """Log injection: an engine's error text (or a client's model name) with CR/LF and other control
+    characters, in a message and in an exception's text, never starts a line that reads as a record."""
+    stream = io.StringIO()
+    with logging_off_the_loop(logging.INFO, handler=logging.StreamHandler(stream), log_format=log_format):
+        log = logging.getLogger("pdserve.test")
+        log.warning("request_id=r1 decode leg failed: %s", FORGED)
+        try:
+            raise ValueError(FORGED)
+        except ValueError:
+            log.exception("request_id=r2 unexpected error")
+    lines = stream.getvalue().splitlines()  # splits at \r, \x1c-\x1e, \x85 and \u2028 too
+    if log_format == "json":
+        objects = json_lines(stream.getvalue())
+        assert [record["request_id"] for record in objects] == ["r1", "r2"]
+        lines = [line for record in objects for line in record["message"].splitlines()]
+    records = [line for line in lines if not line.startswith("  | ")]  # a traceback's lines start so
+    assert len(records) == 2 and "oops\\r\\n2030-01-01 00:00:00,000 INFO" in records[0]
+    assert "\\x1b[2J\\u2028\\x85\\u202eend" in records[0]
+    assert not [line for line in lines if "\x1b" in line or "\u202e" in line or "\r" in line]
+    assert [line for line in lines if "ValueError: oops\\r" in line], "the exception's text is there, escaped"

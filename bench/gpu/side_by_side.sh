@@ -60,7 +60,8 @@ bench() {
   local need=$1 name=$2 url=$3 folder=$4 left=$((DEADLINE_S - SECONDS))
   shift 4
   [ $left -ge "$need" ] || { say "skipped $folder: ${left}s left of ${need}s needed"; return 1; }
-  timeout $left python3 -m pdserve bench run -t "$name=$url" --model $SHAPE --tokenizer $MODEL_DIR/tokenizer.json \
+  local flag=-t; [ "$name" = direct ] && flag=--engine-target  # an engine alone wants the engine key
+  timeout $left python3 -m pdserve bench run $flag "$name=$url" --model $SHAPE --tokenizer $MODEL_DIR/tokenizer.json \
     --output-tokens 256 --ttft-slo-ms 2000 --itl-slo-ms $ITL_SLO_MS --duration "$LOAD_S" --out $D/$folder "$@" \
     > $D/$folder.log 2>&1
   grep -E "^\| $name " $D/$folder/results.md | sed "s|^|[$folder] |"
@@ -101,6 +102,8 @@ pdserve)
   PORT=9000 COMPILE=${COMPILE-vllm} LOG_DIR=/tmp/sbs-logs  # CASE=reference: EAGER=1 above outweighs COMPILE
   source bench/gpu/pd_config.sh > $D/config.log 2>&1 || { cat $D/config.log; exit 1; }
   cp $CONFIG $D/pd.yaml
+  # the engines' key, known to this script's direct runs and metric reads (pdserve up would make its own)
+  export PDSERVE_ENGINE_KEY=${PDSERVE_ENGINE_KEY:-$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')}
   python3 -m pdserve up --config $CONFIG > $D/up.log 2>&1 &
   UP=$!
   for _ in $(seq 420); do grep -q "^ready in" $D/up.log && break; kill -0 $UP 2>/dev/null || break; sleep 1; done
@@ -115,7 +118,7 @@ pdserve)
       grep -E "^\| pd " $D/ttft-$run/bench/results.md | sed "s/^/[run $run] /"
     done
     sweeps pdserve $GATEWAY
-    curl -s $DECODE/metrics > $D/decode-metrics.txt
+    curl -s -H "Authorization: Bearer $PDSERVE_ENGINE_KEY" $DECODE/metrics > $D/decode-metrics.txt
     python3 bench/gpu/kv_rate.py $D/decode-metrics.txt | tee $D/kv-rate.json
     python3 bench/gpu/kv_rate.py $LOG_DIR/decode-*.log > $D/kv-rate-from-log.json  # the same, a cross-check
     curl -s $GATEWAY/metrics | grep -E "^pdserve_(first_tokens|kv_handoff_seconds_(sum|count))" \

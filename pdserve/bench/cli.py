@@ -21,11 +21,13 @@ from pdserve.bench.compare import Way
 from pdserve.bench.points import Point
 from pdserve.bench.prompts import PromptMaker, prompt_maker
 from pdserve.bench.report import to_markdown, write_report
+from pdserve.bench.runner import Target
 from pdserve.bench.stats import Slo, Summary
 from pdserve.bench.sweep import Load, PoissonLoad, StreamsLoad, Workload
 from pdserve.bench.workload import BenchRequest, Lengths, replay_trace, shared_prefix_chat, synthetic
-from pdserve.config import load_settings
+from pdserve.config import Settings, load_settings
 from pdserve.engine_config import DEMO_MODEL_NAME
+from pdserve.engine_key import load_engine_key
 from pdserve.errors import ConfigError, PdserveError
 from pdserve.logs import logging_off_the_loop
 
@@ -50,7 +52,12 @@ class WorkloadKind(StrEnum):
 @bench_app.command()
 def run(
     target: Annotated[list[str], typer.Option(
-        "--target", "-t", help="NAME=URL[,URL...] (repeatable); several URLs share requests round-robin.")],
+        "--target", "-t", help="NAME=URL[,URL...] (repeatable); several URLs share requests round-robin.")
+    ] = [],  # noqa: B006
+    engine_target: Annotated[list[str], typer.Option(help=(
+        "NAME=URL[,URL...] of pdserve's own engines (repeatable): sent the engine key they require "
+        "(PDSERVE_ENGINE_KEY, gateway.engine_key_file, else the running `pdserve up`'s), which --target never is."))
+    ] = [],  # noqa: B006
     rate: RateOption = None,
     concurrency: Annotated[str | None, typer.Option(help="Fixed concurrent streams instead, e.g. 8,16.")] = None,
     duration: DurationOption = 30.0,
@@ -72,11 +79,11 @@ def run(
 ) -> None:
     """Load any OpenAI-compatible URLs side by side; report percentiles and goodput per target and level."""
     from pdserve.bench.progress import request_bar
-    from pdserve.bench.runner import Target
     from pdserve.bench.sweep import sweep
 
-    targets = _checked(lambda: [Target.parse(text) for text in target])
-    prompts = prompt_maker(tokenizer or load_settings().demo_model_dir / "tokenizer.json")
+    settings = _checked(load_settings)
+    targets = _checked(lambda: _targets(target, engine_target, settings=settings))
+    prompts = prompt_maker(tokenizer or settings.demo_model_dir / "tokenizer.json")
     make = _checked(lambda: _workload(
         workload, model=model, input_tokens=input_tokens, output_tokens=output_tokens, prefix_tokens=prefix_tokens,
         turns=turns, trace=trace, prompts=prompts, seed=seed))
@@ -315,6 +322,16 @@ def _overhead_line(name: str, summary: Summary) -> str:
 
 def _say(line: str) -> None:
     print(line, flush=True)
+
+
+def _targets(texts: Sequence[str], engine_texts: Sequence[str], *, settings: Settings) -> list[Target]:
+    """``--target``s, then ``--engine-target``s with the engine key. Raises ConfigError for a malformed one, a
+    malformed key, or none at all."""
+    if not texts and not engine_texts:
+        raise ConfigError("name at least one --target or --engine-target")
+    engine_headers = load_engine_key(settings.gateway, run_dir=settings.run_dir).headers() if engine_texts else {}
+    return ([Target.parse(text) for text in texts]
+            + [Target.parse(text, headers=engine_headers) for text in engine_texts])
 
 
 def _checked(build: Callable[[], T]) -> T:

@@ -27,12 +27,14 @@ from pdserve.bench.leg_times import LegTimes, fetch_leg_times
 from pdserve.bench.points import Point
 from pdserve.bench.prompts import PromptMaker, prompt_maker
 from pdserve.bench.stats import Slo
-from pdserve.bench.sweep import Load, ProgressBar, sweep
+from pdserve.bench.sweep import Load, ProgressBar, Workload, sweep
 from pdserve.bench.workload import BenchRequest, Lengths, synthetic
 from pdserve.config import Settings
+from pdserve.engine_key import EngineKey, deployment_engine_key, engine_session
 from pdserve.engines.supervisor import Supervisor
 from pdserve.errors import BenchFailed
 from pdserve.gateway.app import build_app
+from pdserve.gateway.connections import connection_limits
 from pdserve.gateway.server import make_server
 from pdserve.pd.transfer_stats import TransferCounters, fetch_counters
 from pdserve.role import Role
@@ -75,37 +77,53 @@ async def run_compare(
         return synthetic(count, model=settings.model.served_name, input_tokens=input_tokens,
                          output_tokens=output_tokens, prompts=prompts, seed=0, salt=salt)
 
-    supervisor = Supervisor(settings, model_path=model_path, layout=layout, progress=progress)
-    progress(f"starting {len(supervisor.engines)} engine(s)")
-    async with aiohttp.ClientSession() as session:
-        await supervisor.start_all(session)
-        try:
-            async with contextlib.AsyncExitStack() as gateways:
-                gateway_urls = {way: await gateways.enter_async_context(_serving_gateway(_gateway_settings(settings, way, n)))
-                                for n, way in enumerate(way for way in _GATEWAY_WAYS if way in ways)}
-                targets = _targets(settings, gateway_urls, ways)
-                gateway_url = next(iter(gateway_urls.values()), "")  # the legs' times come from the first
-                await warm_up_targets(targets, prompts=prompts, model=settings.model.served_name)
-                decode_urls = settings.endpoint_urls(Role.DECODE)
-                before = await _kv_counters(session, decode_urls)
-                legs_before = await fetch_leg_times(session, gateway_url, timeout_s=10.0) if gateway_url else None
-                points = await sweep(targets, loads, workload=workload, slo=slo, timeout_s=timeout_s, progress=bar)
-                kv = (await _kv_counters(session, decode_urls)).since(before)
-                legs = None if legs_before is None else (
-                    await fetch_leg_times(session, gateway_url, timeout_s=10.0)).since(legs_before)
-                return CompareResult(points=points, kv=kv, legs=legs)
-        finally:
-            progress("stopping engines ...")
-            await supervisor.stop_all()
+    with deployment_engine_key(settings.gateway, run_dir=settings.run_dir) as engine_key:
+        supervisor = Supervisor(settings, model_path=model_path, layout=layout, progress=progress,
+                                engine_key=engine_key)
+        progress(f"starting {len(supervisor.engines)} engine(s)")
+        async with engine_session(engine_key) as engines:
+            await supervisor.start_all(engines)
+            try:
+                return await _compare(settings, loads, ways=ways, engine_key=engine_key, engines=engines,
+                                      workload=workload, prompts=prompts, slo=slo, timeout_s=timeout_s, bar=bar)
+            finally:
+                progress("stopping engines ...")
+                await supervisor.stop_all()
 
 
-def _targets(settings: Settings, gateway_urls: dict[Way, str], ways: Sequence[Way]) -> list[runner.Target]:
+async def _compare(
+    settings: Settings, loads: Sequence[Load], *, ways: Sequence[Way], engine_key: EngineKey,
+    engines: aiohttp.ClientSession, workload: Workload, prompts: PromptMaker, slo: Slo, timeout_s: float,
+    bar: ProgressBar,
+) -> CompareResult:
+    """The sweep, once the engines answer: ``engines`` (a session) and the gateways carry their key."""
+    async with contextlib.AsyncExitStack() as gateways, aiohttp.ClientSession() as gateway_session:
+        gateway_urls = {way: await gateways.enter_async_context(_serving_gateway(
+                            _gateway_settings(settings, way, n), engine_key=engine_key))
+                        for n, way in enumerate(way for way in _GATEWAY_WAYS if way in ways)}
+        targets = _targets(settings, gateway_urls, ways, engine_key=engine_key)
+        gateway_url = next(iter(gateway_urls.values()), "")  # the legs' times come from the first
+        await warm_up_targets(targets, prompts=prompts, model=settings.model.served_name)
+        decode_urls = settings.endpoint_urls(Role.DECODE)
+        before = await _kv_counters(engines, decode_urls)
+        legs_before = await fetch_leg_times(gateway_session, gateway_url, timeout_s=10.0) if gateway_url else None
+        points = await sweep(targets, loads, workload=workload, slo=slo, timeout_s=timeout_s, progress=bar)
+        kv = (await _kv_counters(engines, decode_urls)).since(before)
+        legs = None if legs_before is None else (
+            await fetch_leg_times(gateway_session, gateway_url, timeout_s=10.0)).since(legs_before)
+        return CompareResult(points=points, kv=kv, legs=legs)
+
+
+def _targets(settings: Settings, gateway_urls: dict[Way, str], ways: Sequence[Way], *,
+             engine_key: EngineKey) -> list[runner.Target]:
+    """The ways as targets: direct and aggregated go to the engines, with their key; the gateways get none."""
     prefill, decode = settings.endpoint_urls(Role.PREFILL), settings.endpoint_urls(Role.DECODE)
     if not prefill or not decode:
         raise BenchFailed("compare needs at least one prefill and one decode engine")
     urls = {Way.DIRECT: (decode[0],), Way.AGGREGATED: tuple(prefill + decode)}
     urls |= {way: (url,) for way, url in gateway_urls.items()}
-    return [runner.Target(way.value, urls[way]) for way in ways]
+    headers = tuple(engine_key.headers().items())
+    return [runner.Target(way.value, urls[way], () if way in gateway_urls else headers) for way in ways]
 
 
 def _gateway_settings(settings: Settings, way: Way, offset: int) -> Settings:
@@ -133,16 +151,18 @@ async def warm_up_targets(targets: Sequence[runner.Target], *, prompts: PromptMa
         for target in targets:
             for url in target.urls:
                 for request in requests:
-                    record = await runner.send(session, target.name, url, request, timeout_s=120.0)
+                    record = await runner.send(session, target.name, url, request, timeout_s=120.0,
+                                               headers=target.headers)
                     if record.error is not None:
                         raise BenchFailed(f"warm-up request to {target.name} ({url}) failed: {record.error}")
 
 
 @contextlib.asynccontextmanager
-async def _serving_gateway(settings: Settings) -> AsyncIterator[str]:
+async def _serving_gateway(settings: Settings, *, engine_key: EngineKey) -> AsyncIterator[str]:
     """The real gateway in this process: the engines, not this loop, are the bottleneck here."""
     host, port = "127.0.0.1", settings.gateway.port
-    server = make_server(build_app(settings), host=host, port=port)
+    server = make_server(build_app(settings, engine_key=engine_key), host=host, port=port,
+                         limits=connection_limits(settings))
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():

@@ -8,7 +8,7 @@ import asyncio
 import itertools
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -29,15 +29,16 @@ class Target:
 
     name: str
     urls: tuple[str, ...]  # base URLs, without /v1
+    headers: tuple[tuple[str, str], ...] = ()  # over client_headers(): the engine key's, for pdserve's engines
 
     @classmethod
-    def parse(cls, text: str) -> Target:
-        """``name=URL[,URL...]``; raises ConfigError when the name or a URL is missing."""
+    def parse(cls, text: str, *, headers: Mapping[str, str] | None = None) -> Target:
+        """``name=URL[,URL...]``, sent ``headers`` too; raises ConfigError when the name or a URL is missing."""
         name, _, urls = text.partition("=")
         base_urls = tuple(url.strip().rstrip("/").removesuffix("/v1") for url in urls.split(",") if url.strip())
         if not name or not base_urls or not all(url.startswith(("http://", "https://")) for url in base_urls):
             raise ConfigError(f"--target: expected NAME=http://HOST:PORT[,http://...], not {text!r}")
-        return cls(name, base_urls)
+        return cls(name, base_urls, tuple((headers or {}).items()))
 
 
 def client_headers() -> dict[str, str]:
@@ -65,7 +66,7 @@ async def run_open_loop(
         if delay_s > 0:
             await asyncio.sleep(delay_s)
         tasks.append(asyncio.ensure_future(
-            _send_and_report(session, target.name, next(urls), request, timeout_s=timeout_s, on_done=on_done)
+            _send_and_report(session, target, next(urls), request, timeout_s=timeout_s, on_done=on_done)
         ))
     return list(await asyncio.gather(*tasks))
 
@@ -86,7 +87,7 @@ async def run_closed_loop(
         await asyncio.sleep(index * stagger_s / streams)
         while time.perf_counter() < stop_s:
             records.append(await _send_and_report(
-                session, target.name, next(urls), next(requests), timeout_s=timeout_s, on_done=on_done
+                session, target, next(urls), next(requests), timeout_s=timeout_s, on_done=on_done
             ))
 
     async with asyncio.TaskGroup() as group:
@@ -96,23 +97,25 @@ async def run_closed_loop(
 
 
 async def _send_and_report(
-    session: aiohttp.ClientSession, target: str, url: str, request: BenchRequest, *, timeout_s: float,
+    session: aiohttp.ClientSession, target: Target, url: str, request: BenchRequest, *, timeout_s: float,
     on_done: OnDone,
 ) -> RequestRecord:
-    record = await send(session, target, url, request, timeout_s=timeout_s)
+    record = await send(session, target.name, url, request, timeout_s=timeout_s, headers=target.headers)
     on_done(record)
     return record
 
 
 async def send(
-    session: aiohttp.ClientSession, target: str, url: str, request: BenchRequest, *, timeout_s: float
+    session: aiohttp.ClientSession, target: str, url: str, request: BenchRequest, *, timeout_s: float,
+    headers: Sequence[tuple[str, str]] = (),
 ) -> RequestRecord:
-    """One streamed request; every failure (status, broken stream, timeout) becomes ``error``."""
+    """One streamed request, with ``headers`` over the session's (client_headers); every failure (status, broken
+    stream, timeout) becomes ``error``."""
     payload = json.dumps(request.body).encode()
     stream = StreamReading()
     sent_s = time.perf_counter()
     try:
-        async with session.post(url + request.path, data=payload,
+        async with session.post(url + request.path, data=payload, headers=dict(headers) if headers else None,
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
             if response.status != 200:
                 stream.error = f"HTTP {response.status}: {(await response.text())[:200]}"

@@ -37,6 +37,9 @@ TOKEN_ID_BASE = 1_000_000  # above any vocabulary: a prompt id this high is a to
 _PROMPT_ID_BASE = 100  # a text prompt's stand-in ids, one per word (frames.prompt_tokens)
 # vLLM's cache_config_info gauge (v1/metrics/loggers.py, log_metrics_info), cut to the labels the gateway reads
 _METRICS = (b'vllm:cache_config_info{block_size="%d",num_gpu_blocks="65536"} 1.0\n' % _BLOCK_TOKENS)
+# vLLM's GET /version reply (entrypoints/serve/instrumentator/basic.py: {"version": vllm.__version__}), as the CPU
+# build this project runs answers it, so the gateway's version gate lets a synthetic engine through as vLLM
+_VERSION = b'{"version": "0.32.0"}'
 # vLLM's /v1/models reply (entrypoints/openai/serving_models.py, ModelCard), with a context few prompts fill
 _MAX_MODEL_LEN = 131_072
 _MODELS = json.dumps({"object": "list", "data": [{
@@ -157,6 +160,8 @@ class _Connection(asyncio.Protocol):
             self._send_json(200, b"")
         elif self._parser.get_method() == b"GET" and path == b"/metrics":
             self._send(200, b"text/plain; version=0.0.4", _METRICS)
+        elif self._parser.get_method() == b"GET" and path == b"/version":
+            self._send_json(200, _VERSION)
         elif self._parser.get_method() == b"GET" and path == b"/v1/models":
             self._send_json(200, _MODELS)
         elif path in _PATHS:

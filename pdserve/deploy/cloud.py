@@ -7,16 +7,15 @@ lookup's command, and placeholders in the plan.
 
 from __future__ import annotations
 
-import secrets
-
+from pdserve.access import API_KEYS_ENV
 from pdserve.config import Settings
 from pdserve.deploy.aws_preflight import ZONES_STEP, image_note, image_refusal, preflight_steps
-from pdserve.deploy.eks import plan_down, plan_up, reach_lines
+from pdserve.deploy.eks import API_KEYS_STEP, plan_down, plan_up, reach_lines
 from pdserve.deploy.eksctl import Zones, choose_zones, unresolved_zones
+from pdserve.deploy.k8s_names import API_KEYS_SECRET_KEYS, api_keys_secret_name
+from pdserve.deploy.k8s_secrets import NewSecrets, read_back_command
 from pdserve.deploy.runner import TOOL_SOURCES, Progress, print_plan, require_tools, run_plan
 from pdserve.errors import DeployError
-
-RAY_TOKEN_BYTES = 32
 
 
 def cloud_up(settings: Settings, *, is_dry_run: bool, progress: Progress) -> None:
@@ -36,10 +35,21 @@ def cloud_up(settings: Settings, *, is_dry_run: bool, progress: Progress) -> Non
     if note:
         progress(note)
     zones = _zones(settings, outputs[ZONES_STEP], progress=progress)
-    # a fresh token each time; the plan stores it only if the cluster has none yet
-    run_plan(plan_up(settings, zones=zones, ray_token=secrets.token_urlsafe(RAY_TOKEN_BYTES)), progress=progress)
+    # fresh keys each time; the plan stores each only where its Secret does not exist yet
+    new = NewSecrets.generate()
+    outputs = run_plan(plan_up(settings, zones=zones, secrets=new), progress=progress)
+    if API_KEYS_STEP in outputs:
+        progress(api_key_lines(settings, api_key=new.api_key))
     for line in reach_lines(settings):
         progress(line)
+
+
+def api_key_lines(settings: Settings, *, api_key: str) -> str:
+    """The client API key `up` just stored, shown this once, and the command that reads it back later."""
+    spec = settings.kubernetes
+    read_back = read_back_command(spec, secret=api_keys_secret_name(spec), key=API_KEYS_SECRET_KEYS[API_KEYS_ENV])
+    return (f"API key for clients (shown once; stored in Secret {api_keys_secret_name(spec)}, with the admin key): "
+            f"{api_key}\nread it back with: {read_back}")
 
 
 def cloud_down(settings: Settings, *, is_dry_run: bool, progress: Progress) -> None:
@@ -62,7 +72,7 @@ def _print_up(settings: Settings, *, refusal: str, progress: Progress) -> None:
     if note:
         progress(note)
     progress(f"then the plan, in the zones the {ZONES_STEP} check finds:")
-    print_plan(plan_up(settings, zones=unresolved_zones(settings.eks), ray_token="unused"), progress=progress)
+    print_plan(plan_up(settings, zones=unresolved_zones(settings.eks), secrets=NewSecrets.generate()), progress=progress)
     if refusal:
         progress("warning: `up` without --dry-run would stop before its first check (see the top): a placeholder "
                  "in kubernetes.image")

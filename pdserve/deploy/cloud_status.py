@@ -116,7 +116,7 @@ async def _checks(settings: Settings, engines: Sequence[str], *, timeout_s: floa
     exec_timeout_s = min(timeout_s, EXEC_TIMEOUT_S)
     through_gateway, backends = await asyncio.gather(
         _checks_through_gateway(settings, timeout_s=timeout_s),
-        asyncio.gather(*(_backend_check(settings, pod, expected=expected, provider=provider,
+        asyncio.gather(*(_backend_check(cluster, pod, expected=expected, provider=provider,
                                         timeout_s=exec_timeout_s) for pod in engines)),
     )
     return [*through_gateway, *backends, _ENGINE_PROBE]
@@ -269,9 +269,9 @@ async def _backend_check(settings: Settings, pod: str, *, expected: Sequence[str
 
 
 def backend_grep_argv(settings: Settings, pod: str) -> tuple[str, ...]:
-    """``kubectl exec`` into ``pod``'s engine container: grep Ray's logs and the engine log dir for the lines
-    that tell the KV path. A relative ``launch.log_dir`` resolves from the container's working directory,
-    where KubeRay runs ``ray start`` and so where the replicas start. ``-a``: a log with a stray NUL is still
+    """``kubectl exec`` into ``pod``'s engine container: grep Ray's logs and the engine log dir (of ``settings`` as
+    the cluster runs them, k8s.kubernetes_settings: on the pods' writable volume) for the lines that tell the KV
+    path. ``-a``: a log with a stray NUL is still
     read as text; ``-s``, ``--devices=skip``: Ray's sockets and unreadable files are neither read nor reported."""
     spec = settings.kubernetes
     log_dir = settings.engine_log_dir

@@ -11,6 +11,7 @@ import re
 from dataclasses import replace
 from functools import partial
 
+from pdserve.access import ADMIN_KEY_ENV, API_KEYS_ENV
 from pdserve.config import Settings
 from pdserve.deploy.eksctl import (
     GPU_NODE_GROUP,
@@ -25,11 +26,16 @@ from pdserve.deploy.eksctl import (
 )
 from pdserve.deploy.k8s import render_manifests, render_yaml, to_yaml
 from pdserve.deploy.k8s_names import (
+    API_KEYS_SECRET_KEYS,
+    ENGINE_KEY_SECRET_KEY,
     GATEWAY_PORT_NAME,
     RAY_TOKEN_SECRET_KEY,
+    api_keys_secret_name,
+    engine_key_secret_name,
     gateway_service_name,
     ray_token_secret_name,
 )
+from pdserve.deploy.k8s_secrets import NewSecrets, read_back_command
 from pdserve.deploy.pod_diagnosis import diagnose
 from pdserve.deploy.preflight import (
     EFA_PLUGIN,
@@ -48,7 +54,6 @@ from pdserve.deploy.steps import Fallback, Poll, Readiness, Step
 
 KUBERAY_CHART_REPO = "https://ray-project.github.io/kuberay-helm/"
 KUBERAY_RELEASE = "kuberay-operator"
-KUBERAY_NAMESPACE = "kuberay-system"
 # The engines and the device plugins come up in minutes once the nodes are Ready; a node that offers no
 # GPU or EFA for this long after its plugin started will not.
 GPU_NODES_TIMEOUT_S = 600.0
@@ -75,15 +80,16 @@ def kubeconfig_argv(settings: Settings) -> tuple[str, ...]:
             "--alias", kube_context(settings))
 
 
-def plan_up(settings: Settings, *, zones: Zones, ray_token: str) -> list[Step]:
-    """Cluster, node groups, kubeconfig, the preflight (GPU nodes, image), KubeRay, namespace, Ray token,
-    manifests, then a wait until the Serve app runs. ``ray_token`` is used only if the Secret does not exist
-    yet, and never shown. Raises ConfigError (from the ClusterConfig) when the pools' node labels conflict."""
+def plan_up(settings: Settings, *, zones: Zones, secrets: NewSecrets) -> list[Step]:
+    """Cluster, node groups, kubeconfig, the preflight (GPU nodes, image), KubeRay, namespace, the Secrets
+    (Ray token, engine key, gateway keys), manifests, then a wait until the Serve app runs. Each of ``secrets``
+    is stored only where its Secret does not exist yet, and never shown. Raises ConfigError (from the
+    ClusterConfig) when the pools' node labels conflict."""
     return [
         *_cluster_steps(settings, zones),
         *_preflight_steps(settings),
         *_operator_steps(settings),
-        *_app_steps(settings, ray_token=ray_token),
+        *_app_steps(settings, secrets=secrets),
     ]
 
 
@@ -105,9 +111,10 @@ def plan_down(settings: Settings) -> list[Step]:
         Step("ray-token", kubectl(settings, "delete", "secret", secret, "--namespace", spec.namespace,
                                   "--ignore-not-found"),
              only_if=kubectl(settings, "get", "secret", secret, "--namespace", spec.namespace)),
-        Step("kuberay-operator", ("helm", "uninstall", KUBERAY_RELEASE, "--namespace", KUBERAY_NAMESPACE,
+        Step("kuberay-operator", ("helm", "uninstall", KUBERAY_RELEASE, "--namespace", spec.kuberay_namespace,
                                   "--kube-context", context, "--wait"),
-             only_if=("helm", "status", KUBERAY_RELEASE, "--namespace", KUBERAY_NAMESPACE, "--kube-context", context)),
+             only_if=("helm", "status", KUBERAY_RELEASE, "--namespace", spec.kuberay_namespace, "--kube-context",
+                      context)),
         Step("cluster", ("eksctl", "delete", "cluster", "--name", eks.cluster_name, "--region", eks.region, "--wait"),
              only_if=cluster_exists),
         Step("kube-context", ("kubectl", "config", "delete-context", context),
@@ -208,25 +215,21 @@ def _operator_steps(settings: Settings) -> list[Step]:
         Step("helm-repo", ("helm", "repo", "add", "kuberay", KUBERAY_CHART_REPO, "--force-update")),
         Step("kuberay-operator", (
             "helm", "upgrade", "--install", KUBERAY_RELEASE, "kuberay/kuberay-operator",
-            "--version", settings.eks.kuberay_version, "--namespace", KUBERAY_NAMESPACE, "--create-namespace",
+            "--version", settings.eks.kuberay_version, "--namespace", settings.kubernetes.kuberay_namespace,
+            "--create-namespace",
             "--kube-context", kube_context(settings), "--set-json", f"nodeSelector={node_selector}", "--wait")),
     ]
 
 
-def _app_steps(settings: Settings, *, ray_token: str) -> list[Step]:
-    """Namespace and token first (the pods mount the Secret), then the objects, then the wait."""
+def _app_steps(settings: Settings, *, secrets: NewSecrets) -> list[Step]:
+    """Namespace and Secrets first (the pods require them), then the objects, then the wait."""
     spec = settings.kubernetes
-    secret = ray_token_secret_name(spec)
     in_namespace = ("--namespace", spec.namespace)
     apply = kubectl(settings, "apply", "-f", "-")
     namespace_yaml, core_yaml, pod_monitor_yaml = _manifest_documents(settings)
     return [
         Step("namespace", apply, stdin=namespace_yaml),
-        # the token goes through stdin: never in argv (ps), in the plan, or on the screen
-        Step("ray-token", kubectl(settings, "create", "secret", "generic", secret, *in_namespace,
-                                  f"--from-file={RAY_TOKEN_SECRET_KEY}=/dev/stdin"),
-             done_check=kubectl(settings, "get", "secret", secret, *in_namespace),
-             stdin=ray_token, is_stdin_secret=True),
+        *_secret_steps(settings, secrets=secrets),
         *_replace_steps(settings),
         Step("manifests", apply, stdin=core_yaml),
         *_pod_monitor_steps(settings, apply, pod_monitor_yaml=pod_monitor_yaml),
@@ -234,6 +237,28 @@ def _app_steps(settings: Settings, *, ray_token: str) -> list[Step]:
              poll=Poll(check=partial(diagnose, rayservice_name=spec.name),
                        timeout_s=settings.eks.ready_timeout_s)),
     ]
+
+
+API_KEYS_STEP = "api-keys"
+
+
+def _secret_steps(settings: Settings, *, secrets: NewSecrets) -> list[Step]:
+    """Each Secret the pods require, made from ``secrets`` unless it exists. The values go through stdin: never
+    in argv (ps), in the plan, or on the screen (``kubectl create secret generic --from-file``/``--from-env-file``
+    read /dev/stdin: kubectl create_secret.go, handleSecretFromEnvFileSources)."""
+    spec = settings.kubernetes
+    sources = [
+        ("ray-token", ray_token_secret_name(spec), f"--from-file={RAY_TOKEN_SECRET_KEY}=/dev/stdin", secrets.ray_token),
+        ("engine-key", engine_key_secret_name(spec), f"--from-file={ENGINE_KEY_SECRET_KEY}=/dev/stdin",
+         secrets.engine_key),
+    ]
+    if not settings.access.open:
+        sources.append((API_KEYS_STEP, api_keys_secret_name(spec), "--from-env-file=/dev/stdin",
+                        secrets.api_keys_env_file()))
+    in_namespace = ("--namespace", spec.namespace)
+    return [Step(step, kubectl(settings, "create", "secret", "generic", name, *in_namespace, source),
+                 done_check=kubectl(settings, "get", "secret", name, *in_namespace), stdin=value, is_stdin_secret=True)
+            for step, name, source, value in sources]
 
 
 def _replace_steps(settings: Settings) -> list[Step]:
@@ -285,6 +310,28 @@ def reach_lines(settings: Settings) -> list[str]:
     return [
         "reach it from this machine:",
         f"  {' '.join(forward)}",
-        f"  curl http://127.0.0.1:{port}/v1/models",
+        f"  curl{_authorization(settings)} http://127.0.0.1:{port}/v1/models",
+        *_admin_key_lines(settings),
         "check it: pdserve cloud status --config FILE; remove it: pdserve cloud down --config FILE",
     ]
+
+
+def _authorization(settings: Settings) -> str:
+    """curl's option that sends the API key `cloud up` stored, read back from its Secret ('' with access.open)."""
+    if settings.access.open:
+        return ""
+    return f' -H "Authorization: Bearer $({_read_back(settings, API_KEYS_ENV)})"'
+
+
+def _admin_key_lines(settings: Settings) -> list[str]:
+    """`cloud status` reads the gateway's engines and metrics with the admin key, from PDSERVE_ADMIN_KEY."""
+    if settings.access.open:
+        return []
+    return ["for `pdserve cloud status`, the admin key:", f"  export {ADMIN_KEY_ENV}=$({_read_back(settings, ADMIN_KEY_ENV)})"]
+
+
+def _read_back(settings: Settings, variable: str) -> str:
+    """The command that prints the key the gateway reads as ``variable`` from its Secret."""
+    spec = settings.kubernetes
+    return read_back_command(spec, secret=api_keys_secret_name(spec), key=API_KEYS_SECRET_KEYS[variable],
+                             kubectl=" ".join(kubectl(settings)))

@@ -20,6 +20,14 @@ from pdserve.errors import ConfigError, DeployError
 from pdserve.role import Role
 
 SYSTEM_NODE_GROUP = "system"
+# The VPC CNI enforces NetworkPolicies only when its add-on is configured to (enableNetworkPolicy: "true", a string in
+# the add-on's configuration schema); otherwise `render k8s`'s policies are accepted and enforce nothing. eksctl
+# creates the add-ons listed in `addons` with the cluster, before the node groups, and adds the default ones
+# (kube-proxy, coredns, ...) beside it (eksctl pkg/actions/addon/tasks.go, CreateAddonTasks; KnownAddons in
+# pkg/apis/eksctl.io/v1alpha5/known_addons.go); `configurationValues` is a JSON or YAML string
+# (pkg/apis/eksctl.io/v1alpha5/addon.go); `overwrite` takes over the self-managed aws-node EKS may have installed.
+VPC_CNI_ADDON = {"name": "vpc-cni", "configurationValues": json.dumps({"enableNetworkPolicy": "true"}),
+                 "resolveConflicts": "overwrite"}
 GPU_NODE_GROUP = "gpu"
 # The taint's key is the resource's name, so EKS's ExtendedResourceToleration admission gives every
 # pod that requests a GPU the toleration by itself, and nothing else lands on the GPU nodes.
@@ -97,9 +105,9 @@ def unresolved_zones(eks: EksSpec) -> Zones:
 
 
 def cluster_config(settings: Settings, zones: Zones, *, gpu_zone: str = "") -> dict[str, Any]:
-    """The ClusterConfig ``eksctl create cluster|nodegroup -f -`` reads: a system node group labelled
-    for the Ray head, and an EFA GPU node group labelled for the engine pools, in ``gpu_zone`` (default:
-    the first GPU zone). Raises ConfigError when the node groups cannot serve the pools (check_efa_node_group,
+    """The ClusterConfig ``eksctl create cluster|nodegroup -f -`` reads: the VPC CNI enforcing NetworkPolicies,
+    a system node group labelled for the Ray head, and an EFA GPU node group labelled for the engine pools, in
+    ``gpu_zone`` (default: the first GPU zone). Raises ConfigError when the node groups cannot serve the pools (check_efa_node_group,
     check_room_for_upgrades, and the node labels of both groups)."""
     eks = settings.eks
     check_efa_node_group(settings)
@@ -109,6 +117,7 @@ def cluster_config(settings: Settings, zones: Zones, *, gpu_zone: str = "") -> d
         "kind": "ClusterConfig",
         "metadata": {"name": eks.cluster_name, "region": eks.region, "version": eks.kubernetes_version},
         "availabilityZones": list(zones.cluster),
+        "addons": [VPC_CNI_ADDON],
         "managedNodeGroups": [
             {"name": SYSTEM_NODE_GROUP, "instanceType": eks.system_instance_type, **_size(eks.system_nodes),
              "availabilityZones": list(zones.system), "labels": head_node_labels(settings)},

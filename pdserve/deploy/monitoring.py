@@ -1,6 +1,7 @@
 """Pure: cluster-ready Settings -> the objects that watch a deployment: PodMonitors for the
-Prometheus Operator (the gateway's and the engines' /metrics) and the Grafana dashboard as a
-ConfigMap for Grafana's dashboard sidecar. Reads the packaged dashboard JSON; writes nothing.
+Prometheus Operator (the gateway's and the engines' /metrics, each scraped with the key it requires)
+and the Grafana dashboard as a ConfigMap for Grafana's dashboard sidecar. Reads the packaged dashboard
+JSON; writes nothing.
 """
 
 from __future__ import annotations
@@ -8,16 +9,21 @@ from __future__ import annotations
 from importlib import resources
 from typing import Any
 
+from pdserve.access import ADMIN_KEY_ENV
 from pdserve.cluster_config import KubernetesSpec
 from pdserve.config import Settings
 from pdserve.deploy.k8s_names import (
+    API_KEYS_SECRET_KEYS,
+    ENGINE_KEY_SECRET_KEY,
     ENGINE_PORT_NAME,
     GATEWAY_PORT_NAME,
+    api_keys_secret_name,
+    engine_key_secret_name,
+    engine_selector,
     gateway_selector,
     object_labels,
     object_metadata,
 )
-from pdserve.role import Role
 
 METRICS_INTERVAL = "15s"
 DASHBOARD_FILE = "pdserve.json"
@@ -33,9 +39,12 @@ def dashboard_json() -> str:
 
 
 def gateway_pod_monitor(settings: Settings) -> dict[str, Any]:
-    """Tells the Prometheus Operator to scrape the gateway's /metrics on the head pod."""
+    """Tells the Prometheus Operator to scrape the gateway's /metrics on the head pod, with the admin key
+    the gateway asks for there (none with ``access.open``, where the Secret may not exist)."""
     spec = settings.kubernetes
-    endpoint = {"port": GATEWAY_PORT_NAME, "path": "/metrics", "interval": METRICS_INTERVAL}
+    endpoint: dict[str, Any] = {"port": GATEWAY_PORT_NAME, "path": "/metrics", "interval": METRICS_INTERVAL}
+    if not settings.access.open:
+        endpoint["authorization"] = bearer(api_keys_secret_name(spec), key=API_KEYS_SECRET_KEYS[ADMIN_KEY_ENV])
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
@@ -45,23 +54,27 @@ def gateway_pod_monitor(settings: Settings) -> dict[str, Any]:
 
 
 def engine_pod_monitor(settings: Settings) -> dict[str, Any]:
-    """Tells the Prometheus Operator to scrape every engine's own vLLM /metrics on the worker pods,
-    with the pod's pool as a ``role`` label (prefill or decode)."""
+    """Tells the Prometheus Operator to scrape every engine's own vLLM /metrics on the worker pods, with the
+    engine key every engine route but /health requires, and the pod's pool as a ``role`` label (prefill or decode)."""
     spec = settings.kubernetes
     role_label = {"sourceLabels": [POD_ROLE_LABEL], "targetLabel": "role", "action": "replace"}
     endpoint = {"port": ENGINE_PORT_NAME, "path": "/metrics", "interval": METRICS_INTERVAL,
+                "authorization": bearer(engine_key_secret_name(spec), key=ENGINE_KEY_SECRET_KEY),
                 "relabelings": [role_label]}
-    selector = {
-        "matchLabels": {"app.kubernetes.io/instance": spec.name},
-        "matchExpressions": [{"key": "app.kubernetes.io/component", "operator": "In",
-                              "values": [role.value for role in Role]}],
-    }
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
         "metadata": _monitor_metadata(spec, f"{spec.name}-engines", "engines"),
-        "spec": {"selector": selector, "podMetricsEndpoints": [endpoint]},
+        "spec": {"selector": engine_selector(spec), "podMetricsEndpoints": [endpoint]},
     }
+
+
+def bearer(secret: str, *, key: str) -> dict[str, Any]:
+    """A PodMetricsEndpoint's ``authorization``: ``Authorization: Bearer <key of Secret secret>``. The Secret must be
+    in the PodMonitor's namespace (prometheus-operator example/prometheus-operator-crd/
+    monitoring.coreos.com_podmonitors.yaml, podMetricsEndpoints[].authorization: type, default Bearer; credentials,
+    a SecretKeySelector)."""
+    return {"type": "Bearer", "credentials": {"name": secret, "key": key}}
 
 
 def _monitor_metadata(spec: KubernetesSpec, name: str, component: str) -> dict[str, object]:

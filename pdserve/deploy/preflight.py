@@ -20,6 +20,7 @@ from typing import Any
 from pdserve.config import Settings
 from pdserve.deploy.eksctl import GPU_NODE_GROUP, GPU_TAINT
 from pdserve.deploy.pod_diagnosis import TRANSIENT_TAINTS, container_problem
+from pdserve.deploy.pod_security import container_security, home_env, pod_security, writable_mount, writable_volume
 from pdserve.deploy.rayservice import EFA_RESOURCE, GPU_RESOURCE
 from pdserve.deploy.steps import Readiness
 from pdserve.role import Role
@@ -109,12 +110,14 @@ def image_check_pod(settings: Settings) -> dict[str, Any]:
     """A throw-away pod of the image on a system node, where the Ray head will run (so the pull is not wasted),
     that writes its Ray version to its termination message and exits. Created, polled, then removed."""
     container = {"name": "check", "image": settings.kubernetes.image, "command": ["python", "-c", _WRITE_RAY_VERSION],
-                 "terminationMessagePath": TERMINATION_MESSAGE_PATH, "terminationMessagePolicy": "FallbackToLogsOnError"}
+                 "terminationMessagePath": TERMINATION_MESSAGE_PATH, "terminationMessagePolicy": "FallbackToLogsOnError",
+                 "env": home_env(), "securityContext": container_security(), "volumeMounts": [writable_mount()]}
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": IMAGE_CHECK_POD, "namespace": IMAGE_CHECK_NAMESPACE,
                          "labels": {"app.kubernetes.io/name": IMAGE_CHECK_POD}},
-            "spec": {"restartPolicy": "Never", "nodeSelector": dict(settings.kubernetes.head_node_labels),
-                     "containers": [container]}}
+            "spec": {**pod_security(), "restartPolicy": "Never",
+                     "nodeSelector": dict(settings.kubernetes.head_node_labels), "containers": [container],
+                     "volumes": [writable_volume()]}}
 
 
 def image_check_readiness(pod_json: str, *, settings: Settings) -> Readiness:

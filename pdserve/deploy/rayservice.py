@@ -15,20 +15,35 @@ from typing import Any
 from pdserve.cluster_config import KubernetesSpec
 from pdserve.config import Settings
 from pdserve.deploy.k8s_names import (
-    API_KEYS_SECRET_KEYS,
     ENGINE_PORT_NAME,
     GATEWAY_COMPONENT,
     GATEWAY_POD_LABEL,
     GATEWAY_PORT_NAME,
     HEAD_COMPONENT,
-    HF_TOKEN_SECRET_KEY,
     RAY_HEAD_PORTS,
-    RAY_TOKEN_SECRET_KEY,
-    api_keys_secret_name,
-    hf_token_secret_name,
+    RAY_NODE_PORTS,
+    RAY_WORKER_PORTS,
     object_labels,
     object_metadata,
     ray_token_secret_name,
+)
+from pdserve.deploy.pod_env import (
+    CACHE_MOUNT,
+    cache_env,
+    engine_env,
+    engine_key_env,
+    gateway_keys_env,
+    hf_token_env,
+    ray_auth_env,
+)
+from pdserve.deploy.pod_security import (
+    RAY_GID,
+    RAY_UID,
+    container_security,
+    home_env,
+    pod_security,
+    writable_mount,
+    writable_volume,
 )
 from pdserve.deploy.serve import serve_config_yaml
 from pdserve.engine_config import PoolSpec
@@ -38,10 +53,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 SHM_VOLUME = "dshm"
 CACHE_VOLUME = "model-cache"
-CACHE_MOUNT = "/mnt/pdserve-cache"
 COMPILE_CACHE_DIR = f"{CACHE_MOUNT}/vllm"
-# The Ray images run as user ray (uid 1000, group users): a hostPath directory kubelet creates is root's.
-RAY_USER = "1000:100"
 # A hash of the pods' spec on the RayService: `cloud up` replaces a RayService whose pods changed, since
 # KubeRay's upgradeStrategy None leaves its cluster as it is (ray-operator rayservice_controller.go).
 PODS_HASH_ANNOTATION = "pdserve.io/pods-hash"
@@ -93,19 +105,16 @@ def ray_resources_param(resources: dict[str, float]) -> str:
 
 def _head_group(settings: Settings) -> dict[str, Any]:
     spec, has_gateway = settings.kubernetes, settings.gateway.replicas == 1
-    params = {"num-gpus": "0"}
+    params = ray_params(**{"num-gpus": "0"})
     if has_gateway and settings.ray.gateway_resources:
         params["resources"] = ray_resources_param(settings.ray.gateway_resources)
     ports = [{"name": name, "containerPort": port} for name, port in RAY_HEAD_PORTS.items()]
-    container = {
-        "name": "ray-head",
-        "image": spec.image,
-        "imagePullPolicy": "IfNotPresent",
-        "env": [*_ray_auth_env(spec), *_gateway_keys_env(spec)],
-        "ports": [*ports, {"name": GATEWAY_PORT_NAME, "containerPort": settings.gateway.port}],
-        "resources": _resources(cpus=spec.head_cpus, memory_gib=spec.head_memory_gib, devices={}),
-    }
-    pod = {"nodeSelector": dict(spec.head_node_labels), "containers": [container]}
+    container = _ray_container(
+        spec, name="ray-head", env=[*ray_auth_env(spec), *(_gateway_env(settings) if has_gateway else [])],
+        ports=[*ports, {"name": GATEWAY_PORT_NAME, "containerPort": settings.gateway.port}],
+        resources=_resources(cpus=spec.head_cpus, memory_gib=spec.head_memory_gib, devices={}),
+    )
+    pod = _pod([container], nodeSelector=dict(spec.head_node_labels))
     template = {"metadata": _gateway_pod_metadata(settings, HEAD_COMPONENT, has_gateway=has_gateway), "spec": pod}
     return {"rayStartParams": params, "template": template}
 
@@ -116,22 +125,20 @@ def _gateway_groups(settings: Settings) -> list[dict[str, Any]]:
     spec, replicas = settings.kubernetes, settings.gateway.replicas
     if replicas == 1:
         return []
-    container = {
-        "name": "ray-worker",
-        "image": spec.image,
-        "imagePullPolicy": "IfNotPresent",
-        "env": [*_ray_auth_env(spec), *_gateway_keys_env(spec)],
-        "ports": [{"name": GATEWAY_PORT_NAME, "containerPort": settings.gateway.port}],
-        "resources": _resources(cpus=spec.head_cpus, memory_gib=spec.head_memory_gib, devices={}),
-        "readinessProbe": {"httpGet": {"path": "/health", "port": GATEWAY_PORT_NAME},
-                           "periodSeconds": GATEWAY_READINESS_PERIOD_S, "timeoutSeconds": GATEWAY_READINESS_PERIOD_S,
-                           "failureThreshold": 1},
-    }
-    pod = {"nodeSelector": dict(spec.head_node_labels), "containers": [container]}
+    container = _ray_container(
+        spec, name="ray-worker", env=[*ray_auth_env(spec), *_gateway_env(settings)],
+        ports=[{"name": GATEWAY_PORT_NAME, "containerPort": settings.gateway.port}],
+        resources=_resources(cpus=spec.head_cpus, memory_gib=spec.head_memory_gib, devices={}),
+    )
+    container["readinessProbe"] = {"httpGet": {"path": "/health", "port": GATEWAY_PORT_NAME},
+                                   "periodSeconds": GATEWAY_READINESS_PERIOD_S,
+                                   "timeoutSeconds": GATEWAY_READINESS_PERIOD_S, "failureThreshold": 1}
+    pod = _pod([container], nodeSelector=dict(spec.head_node_labels))
     return [{
         "groupName": GATEWAY_COMPONENT,
         "replicas": replicas, "minReplicas": replicas, "maxReplicas": replicas,
-        "rayStartParams": {"num-gpus": "0", "resources": ray_resources_param(settings.ray.gateway_resources)},
+        "rayStartParams": ray_params(**{"num-gpus": "0",
+                                        "resources": ray_resources_param(settings.ray.gateway_resources)}),
         "template": {"metadata": _gateway_pod_metadata(settings, GATEWAY_COMPONENT, has_gateway=True), "spec": pod},
     }]
 
@@ -151,27 +158,23 @@ def _worker_group(settings: Settings, role: Role) -> dict[str, Any]:
     spec, pool = settings.kubernetes, settings.pool(role)
     placement = pool.placement
     params = {"resources": ray_resources_param(placement.resources)} if placement.resources else {}
-    container = {
-        "name": "ray-worker",
-        "image": spec.image,
-        "imagePullPolicy": "IfNotPresent",
-        "env": [*_ray_auth_env(spec), *_engine_env(pool), *_hf_token_env(spec), *_cache_env(spec)],
+    env = [*ray_auth_env(spec), *engine_env(pool, backends=settings.kv.backends), *engine_key_env(spec),
+           *hf_token_env(spec), *cache_env(spec)]
+    container = _ray_container(
+        spec, name="ray-worker", env=env,
         # One engine per pod, so its replica binds the pool's base_port (ray/engine_replica.py).
-        "ports": [{"name": ENGINE_PORT_NAME, "containerPort": pool.base_port}],
-        "resources": _resources(cpus=placement.cpus, memory_gib=placement.memory_gib, devices=_devices(pool)),
-        "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}, *_cache_mounts(spec)],
-        # Without a probe of its own, KubeRay 1.6 gives a RayService worker one on Serve's proxy
-        # (localhost:8000/-/healthz), which runs on the head only here: the pod would never be Ready.
-        # Ready means what this pod is for: its engine answers.
-        "readinessProbe": {"httpGet": {"path": "/health", "port": ENGINE_PORT_NAME},
-                           "periodSeconds": READINESS_PERIOD_S, "timeoutSeconds": READINESS_PERIOD_S,
-                           "failureThreshold": READINESS_FAILURES},
-    }
-    pod: dict[str, Any] = {
-        "containers": [container],
-        "volumes": [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": _memory(spec.shm_gib)}},
-                    *_cache_volumes(spec)],
-    }
+        ports=[{"name": ENGINE_PORT_NAME, "containerPort": pool.base_port}],
+        resources=_resources(cpus=placement.cpus, memory_gib=placement.memory_gib, devices=_devices(pool)),
+    )
+    container["volumeMounts"] += [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}, *_cache_mounts(spec)]
+    # Without a probe of its own, KubeRay 1.6 gives a RayService worker one on Serve's proxy
+    # (localhost:8000/-/healthz), which runs on the head only here: the pod would never be Ready.
+    # Ready means what this pod is for: its engine answers.
+    container["readinessProbe"] = {"httpGet": {"path": "/health", "port": ENGINE_PORT_NAME},
+                                   "periodSeconds": READINESS_PERIOD_S, "timeoutSeconds": READINESS_PERIOD_S,
+                                   "failureThreshold": READINESS_FAILURES}
+    shm = {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": _memory(spec.shm_gib)}}
+    pod = _pod([container], volumes=[shm, *_cache_volumes(spec)])
     if spec.model_cache_path:
         pod["initContainers"] = [_cache_owner(spec)]
     if placement.node_labels:
@@ -183,28 +186,35 @@ def _worker_group(settings: Settings, role: Role) -> dict[str, Any]:
         "replicas": pool.engines,
         "minReplicas": pool.engines,
         "maxReplicas": pool.engines,
-        "rayStartParams": params,
+        "rayStartParams": ray_params(**params),
         "template": {"metadata": {"labels": object_labels(spec, role.value)}, "spec": pod},
     }
 
 
-def _ray_auth_env(spec: KubernetesSpec) -> list[dict[str, Any]]:
-    """Ray's token auth on every node; set here too so KubeRay versions without authOptions carry it."""
-    token = {"secretKeyRef": {"name": ray_token_secret_name(spec), "key": RAY_TOKEN_SECRET_KEY}}
-    return [{"name": "RAY_AUTH_MODE", "value": "token"}, {"name": "RAY_AUTH_TOKEN", "valueFrom": token}]
+def ray_params(**params: str) -> dict[str, str]:
+    """``rayStartParams`` with Ray's own ports pinned (k8s_names.RAY_NODE_PORTS, RAY_WORKER_PORTS), the ones
+    the NetworkPolicies let Ray pods reach on each other."""
+    return {**{name: str(port) for name, port in (RAY_NODE_PORTS | RAY_WORKER_PORTS).items()}, **params}
 
 
-def _hf_token_env(spec: KubernetesSpec) -> list[dict[str, Any]]:
-    """A Hugging Face token for gated or private weights, from an optional Secret (absent: anonymous)."""
-    token = {"secretKeyRef": {"name": hf_token_secret_name(spec), "key": HF_TOKEN_SECRET_KEY, "optional": True}}
-    return [{"name": "HF_TOKEN", "valueFrom": token}]
+def _ray_container(spec: KubernetesSpec, *, name: str, env: list[dict[str, Any]], ports: list[dict[str, Any]],
+                   resources: dict[str, Any]) -> dict[str, Any]:
+    """A Ray container of the image, locked down (pod_security.py), HOME and /tmp on its writable volume."""
+    return {"name": name, "image": spec.image, "imagePullPolicy": "IfNotPresent", "env": [*env, *home_env()],
+            "ports": ports, "resources": resources, "securityContext": container_security(),
+            "volumeMounts": [writable_mount()]}
 
 
-def _cache_env(spec: KubernetesSpec) -> list[dict[str, Any]]:
-    """Weights on the node's disk, where a replaced pod finds them (the compile cache: ``launch.cache_dir``)."""
-    if not spec.model_cache_path:
-        return []
-    return [{"name": "HF_HOME", "value": f"{CACHE_MOUNT}/huggingface"}]
+def _pod(containers: list[dict[str, Any]], *, volumes: tuple[dict[str, Any], ...] | list[dict[str, Any]] = (),
+         **fields: Any) -> dict[str, Any]:
+    """A Ray pod: no ServiceAccount token, the image's user, the writable volume beside ``volumes``."""
+    return {**pod_security(), **fields, "containers": containers, "volumes": [writable_volume(), *volumes]}
+
+
+def _gateway_env(settings: Settings) -> list[dict[str, Any]]:
+    """A gateway replica reads its client and admin keys and presents the engine key to every engine."""
+    spec = settings.kubernetes
+    return [*gateway_keys_env(spec, is_open=settings.access.open), *engine_key_env(spec)]
 
 
 def _cache_mounts(spec: KubernetesSpec) -> list[dict[str, Any]]:
@@ -218,25 +228,14 @@ def _cache_volumes(spec: KubernetesSpec) -> list[dict[str, Any]]:
 
 
 def _cache_owner(spec: KubernetesSpec) -> dict[str, Any]:
-    """Hands the node's cache directory (created by the kubelet, owned by root) to the image's user."""
-    return {"name": "cache-owner", "image": spec.image, "imagePullPolicy": "IfNotPresent",
-            "command": ["chown", RAY_USER, CACHE_MOUNT], "securityContext": {"runAsUser": 0},
+    """Hands the node's cache directory (the kubelet creates it root's, mode 0755) to the image's user alone,
+    mode 0700: no other user of the node reads or writes the weights or the compiled model (code vLLM loads).
+    Root with CAP_CHOWN and CAP_FOWNER only (the second for chmod once the image's user owns it: a re-run)."""
+    owner = f"chown {RAY_UID}:{RAY_GID} {CACHE_MOUNT} && chmod 0700 {CACHE_MOUNT}"
+    return {"name": "cache-owner", "image": spec.image, "imagePullPolicy": "IfNotPresent", "command": ["sh", "-c", owner],
+            "securityContext": {**container_security(capabilities=("CHOWN", "FOWNER")), "runAsUser": 0,
+                                "runAsNonRoot": False},
             "volumeMounts": [{"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT}]}
-
-
-def _gateway_keys_env(spec: KubernetesSpec) -> list[dict[str, Any]]:
-    """The gateway replica (on the head) reads its access keys from env; without the Secret, none are needed."""
-    name = api_keys_secret_name(spec)
-    return [{"name": variable, "valueFrom": {"secretKeyRef": {"name": name, "key": key, "optional": True}}}
-            for variable, key in API_KEYS_SECRET_KEYS.items()]
-
-
-def _engine_env(pool: PoolSpec) -> list[dict[str, Any]]:
-    """vLLM and NIXL reach this pod at its own IP; over EFA, libfabric must pick the efa provider."""
-    env: list[dict[str, Any]] = [{"name": "VLLM_HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
-    if pool.placement.efa_devices:
-        env.append({"name": "FI_PROVIDER", "value": "efa"})
-    return env
 
 
 def _devices(pool: PoolSpec) -> dict[str, int]:

@@ -17,7 +17,14 @@ from pdserve.deploy.eksctl import (
     head_node_labels,
     unresolved_zones,
 )
-from pdserve.deploy.k8s import check_gateway_port, check_gateway_replicas, is_efa_on, render_manifests
+from pdserve.deploy.k8s import (
+    check_gateway_port,
+    check_gateway_replicas,
+    check_writable_dirs,
+    is_efa_on,
+    render_manifests,
+)
+from pdserve.deploy.k8s_secrets import NewSecrets
 from pdserve.errors import ConfigError
 
 Check = Callable[[Settings], object]  # raises ConfigError naming the field; what it returns is not used
@@ -30,13 +37,14 @@ def _check_image_placeholder(settings: Settings) -> None:
 
 
 def _plan_cloud_up(settings: Settings) -> object:
-    """The plan ``cloud up --dry-run`` prints, before the zones are looked up; no token is shown."""
-    return plan_up(settings, zones=unresolved_zones(settings.eks), ray_token="")
+    """The plan ``cloud up --dry-run`` prints, before the zones are looked up; no key is shown."""
+    return plan_up(settings, zones=unresolved_zones(settings.eks), secrets=NewSecrets.generate())
 
 
 # Each check is independent, so every refusal is reported; the renderers come last and repeat what the
 # checks said (dropped as duplicates), so a refusal they learn later is never passed by validate.
-KUBERNETES_CHECKS: tuple[Check, ...] = (check_gateway_port, check_gateway_replicas, is_efa_on, render_manifests)
+KUBERNETES_CHECKS: tuple[Check, ...] = (check_gateway_port, check_gateway_replicas, check_writable_dirs, is_efa_on,
+                                        render_manifests)
 EKS_CHECKS: tuple[Check, ...] = (check_efa_node_group, check_room_for_upgrades, gpu_node_labels, head_node_labels,
                                  _check_image_placeholder, _plan_cloud_up)
 KUBERNETES_SECTIONS = frozenset({"kubernetes", "eks"})

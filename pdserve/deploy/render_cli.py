@@ -10,6 +10,7 @@ import typer
 
 from pdserve.cli_config import ConfigOption, exit_on_config_error, settings_or_exit
 from pdserve.deploy.k8s import render_manifests, render_yaml, resource_ref, write_manifests
+from pdserve.deploy.k8s_secrets import secrets_note
 from pdserve.deploy.serve import serve_config_yaml
 from pdserve.errors import ConfigError
 
@@ -28,7 +29,8 @@ def render_k8s(
     config: ConfigOption = None,
     out: Annotated[Path | None, typer.Option(help="Write one YAML file per object here; default: stdout.")] = None,
 ) -> None:
-    """The KubeRay RayService, the gateway's Service, PodMonitors and Grafana dashboard, in apply order."""
+    """The NetworkPolicies, the KubeRay RayService, the gateway's Service, PodMonitors and Grafana dashboard, in
+    apply order, and the Secrets the pods require (a comment atop the YAML; printed after the files with --out)."""
     settings = settings_or_exit(config)
     try:
         if out is None:
@@ -39,3 +41,4 @@ def render_k8s(
         exit_on_config_error(exc)
     for obj, path in zip(objects, paths, strict=True):
         print(f"{resource_ref(obj)} rendered to {path}")
+    print("\n".join(secrets_note(settings)))

@@ -3,19 +3,28 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from pdserve.config import ENV_PREFIX
 from pdserve.engine_config import EngineSpec, KVTransferSpec, ModelSpec, PoolSpec
+from pdserve.engine_key import NO_ENGINE_KEY, EngineKey
 from pdserve.engines.batch_size import flag_value, max_num_seqs_args
 from pdserve.engines.cpu_affinity import parse_cpu_list
-from pdserve.engines.kv_link import BufferChoice, HostLink, choose_buffer_device, libfabric_env, libfabric_provider
+from pdserve.engines.kv_link import (
+    BufferChoice,
+    HostLink,
+    choose_buffer_device,
+    libfabric_env,
+    libfabric_provider,
+    transport_env,
+)
 from pdserve.engines.kv_path import BUFFER_NOTE, PROVIDER_NOTE
 from pdserve.engines.model_layout import Layout, ModelLayout, engine_needs
 from pdserve.errors import ConfigError
 from pdserve.role import Role
-from pdserve_vllm import FIRST_TOKEN_PROCESSOR, PROGRESS_DELAY_ENV, VLLM_SERVER_MODULE
+from pdserve_vllm import ENGINE_KEY_MIDDLEWARE, FIRST_TOKEN_PROCESSOR, PROGRESS_DELAY_ENV, VLLM_SERVER_MODULE
 
 # vLLM's server, whose engine core a CPU engine may fork instead of spawning (pdserve_vllm/engine_server.py).
 CPU_SERVER_MODULE = "pdserve_vllm.engine_server"
@@ -25,9 +34,10 @@ OTLP_PROTOCOL_ENV = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 # loads the compiled graphs instead of compiling for minutes.
 COMPILE_CACHE_ENV = "VLLM_CACHE_ROOT"
 DEFAULT_COMPILE_CACHE = "~/.cache/vllm"  # vLLM's own default (vllm/envs.py)
-# vLLM's NixlConnector, loaded from pdserve's module that makes its NIXL progress thread pause, or, for a hybrid
-# model, from the one that also keeps a prefill's whole prompt where the gateway asks and stages its KV in host
-# memory where the engine does (pdserve_vllm/whole_prompt.py, host_mirror.py).
+# vLLM's NixlConnector, loaded from pdserve's module that keys its handshake side channel with the engine key and
+# makes its NIXL progress thread pause (where PROGRESS_DELAY_ENV says), or, for a hybrid model, from the one that
+# also keeps a prefill's whole prompt where the gateway asks and stages its KV in host memory where the engine does
+# (pdserve_vllm/side_channel.py, whole_prompt.py, host_mirror.py).
 PROGRESS_CONNECTOR_MODULE = "pdserve_vllm.nixl_progress"
 HYBRID_CONNECTOR_MODULE = "pdserve_vllm.hybrid_connector"
 # The prefill engine only produces KV cache, the decode engine only consumes it.
@@ -37,7 +47,7 @@ KV_ROLES = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer"}
 @dataclass(frozen=True, slots=True)
 class EngineCommand:
     argv: list[str]
-    env: dict[str, str]  # added to the parent's environment
+    env: dict[str, str] = field(repr=False)  # added to the parent's (engine_environ); holds the engine key
     # What pdserve chose for this engine and why, written at the top of its log: `pdserve verify`
     # and the gateway read them back from there (engines/kv_path.py), wherever the engine runs.
     notes: tuple[str, ...] = ()
@@ -46,7 +56,7 @@ class EngineCommand:
 def build_engine_command(
     spec: EngineSpec, *, model: ModelSpec, model_path: str, layout: ModelLayout, kv: KVTransferSpec, python: str,
     host: str, cpu_bind: str, link: HostLink, otlp_traces_endpoint: str = "", compile_cache_dir: str = "",
-    gpu_memory_bytes: int | None = None,
+    gpu_memory_bytes: int | None = None, engine_key: EngineKey = NO_ENGINE_KEY,
 ) -> EngineCommand:
     """argv + env for ``spec``. ``cpu_bind`` is VLLM_CPU_OMP_THREADS_BIND for CPU engines; ``layout`` (of the
     model at ``model_path``) adds what a hybrid or multimodal model needs; ``link`` (this host's, from
@@ -55,7 +65,8 @@ def build_engine_command(
     gateway's, an OTLP/HTTP URL; empty = off) makes the engine export its request spans there too.
     ``compile_cache_dir`` (``launch.cache_dir``; empty = vLLM's own) is where vLLM keeps its compiled model.
     ``gpu_memory_bytes`` (this host's GPU, None = unknown) bounds a hybrid model's KV cache where the pool
-    does not fix its size (engines/batch_size.py).
+    does not fix its size (engines/batch_size.py). ``engine_key`` (engine_key.py) goes in the env, never in argv
+    (``ps`` shows argv), and no pool env overrides it.
     """
     pool = spec.pool
     needs = engine_needs(layout, spec, dtype=model.dtype)
@@ -77,6 +88,8 @@ def build_engine_command(
                                                               is_cross_layer=is_cross_layer, layout=layout.layout)),
         *_block_size_args(spec, kv),
         "--enable-prompt-tokens-details",  # each reply's cached tokens: proof its KV crossed (pd/kv_proof.py)
+        # Every route but GET /health requires the engine key; vLLM's own --api-key guards only /v1 and a few more.
+        "--middleware", ENGINE_KEY_MIDDLEWARE,
         *needs.args,
         *_tracing_args(otlp_traces_endpoint),
         *_cpu_executor_args(pool),
@@ -117,10 +130,19 @@ def build_engine_command(
         env.update(libfabric_env(libfabric_provider(kv, pool, link)[0]))
     if is_cross_layer:
         env[V2_RUNNER_ENV] = "0"
+    env.update(transport_env(spec.host, kv=kv, pool=pool, link=link))  # NIXL listens on the engine's interface alone
     env.update(needs.env)
     env.update(pool.env)
+    env.update(engine_key.engine_env())
     notes = kv_notes(kv, pool, link=link, buffer=buffer, env=env) + ((batch_note,) if batch_note else ())
     return EngineCommand(argv=argv, env=env, notes=notes)
+
+
+def engine_environ(parent: Mapping[str, str], command: EngineCommand) -> dict[str, str]:
+    """The environment an engine starts with: ``parent``'s less every PDSERVE_* variable, then the command's own.
+    An engine reads none of pdserve's (what it needs, the command sets), and some are secrets it must not hold:
+    the gateway's client and admin keys (access.py)."""
+    return {name: value for name, value in parent.items() if not name.startswith(ENV_PREFIX)} | command.env
 
 
 def kv_notes(
@@ -202,8 +224,8 @@ def kv_transfer_config(
     layout: Layout = Layout.ATTENTION,
 ) -> dict[str, Any]:
     """vLLM's ``--kv-transfer-config`` for one engine: unique engine_id, role, buffer device; vLLM's
-    connector taken from pdserve's module for a hybrid model (its prefill engine's token can then lead a streamed
-    completion, and a GPU engine can stage its KV in host memory), else where its NIXL progress thread is to pause."""
+    connector always taken from a pdserve module, which keys its side channel: the hybrid one for a hybrid model (its
+    prefill engine's token can then lead a streamed completion, and a GPU engine can stage its KV in host memory)."""
     extra: dict[str, Any] = {"backends": list(kv.backends)}
     if is_cross_layer:
         extra[CROSS_LAYER_KEY] = True
@@ -215,10 +237,7 @@ def kv_transfer_config(
         "kv_connector_extra_config": extra,
         "kv_load_failure_policy": kv.load_failure_policy,
     }
-    if layout is Layout.HYBRID:
-        config["kv_connector_module_path"] = HYBRID_CONNECTOR_MODULE
-    elif progress_delay_us(spec, kv):
-        config["kv_connector_module_path"] = PROGRESS_CONNECTOR_MODULE
+    config["kv_connector_module_path"] = HYBRID_CONNECTOR_MODULE if layout is Layout.HYBRID else PROGRESS_CONNECTOR_MODULE
     return config
 
 

@@ -1,6 +1,6 @@
 """What the KV link of this host can do, and the choices that follow: the libfabric provider, its
-environment, and whether the KV buffer can stay in GPU memory. ``probe_host_link`` reads the host;
-everything else is pure.
+environment, whether the KV buffer can stay in GPU memory, and the interface NIXL's transports listen on.
+``probe_host_link`` reads the host; everything else is pure.
 
 A link that cannot read GPU memory (a tcp provider, a UCX without cuda transports), or may not (EFA
 without a sign of peer-to-peer access to the GPU, such as g6's L4 nodes), stages KV through host memory:
@@ -11,10 +11,13 @@ the EFA driver's sources.
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
 from pdserve.engine_config import KVTransferSpec, PoolSpec
+from pdserve.engines.host_interfaces import host_addresses
+from pdserve.errors import ConfigError
 
 SYS_ROOT = Path("/sys")
 # Kernel modules that let an RDMA NIC read GPU memory without dma-buf: NVIDIA's, and the one the EKS
@@ -29,6 +32,7 @@ PEERMEM_MODULES = ("nvidia_peermem", "efa_nv_peermem")
 # when rendering, and at 25 Gbit/s the host copy costs little, so those stage KV in host memory.
 GPUDIRECT_FAMILIES = ("p4d", "p4de", "p5", "p5e", "p5en", "p6")
 NIXL_LOG_LEVEL_ENV = "NIXL_LOG_LEVEL"  # read once per process by NIXL (src/utils/common/nixl_log.cpp)
+LOOPBACK_ADDRESSES = (("127.0.0.1", "lo"), ("::1", "lo"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +42,20 @@ class HostLink:
     efa_devices: tuple[str, ...] = ()  # /sys/class/infiniband devices bound to the efa driver
     has_peermem: bool = False  # a peermem module loaded (PEERMEM_MODULES): RDMA NICs can read GPU memory
     ucx_has_cuda: bool = True  # NIXL's UCX ships its cuda transports (libuct_cuda)
+    addresses: tuple[tuple[str, str], ...] = LOOPBACK_ADDRESSES  # (IP address, interface) of this host
+    rdma_ports: tuple[str, ...] = ()  # every /sys/class/infiniband device's ports, as UCX names them: mlx5_0:1
+
+    def interface_of(self, address: str) -> str | None:
+        """The interface holding ``address`` (an IP address; None for a name, or one not on this host)."""
+        try:
+            wanted = ipaddress.ip_address(address)
+        except ValueError:
+            return None
+        held = [(ipaddress.ip_address(held), name) for held, name in self.addresses]
+        if wanted.is_loopback:  # Linux routes all of 127.0.0.0/8 to lo, which lists 127.0.0.1 alone
+            return next((name for address, name in held if address.is_loopback and address.version == wanted.version),
+                        None)
+        return next((name for address, name in held if address == wanted), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,15 +64,20 @@ class BufferChoice:
     reason: str
 
 
-def probe_host_link(sys_root: Path = SYS_ROOT, ucx_dirs: tuple[Path, ...] | None = None) -> HostLink:
-    """Read this host's EFA devices, peermem modules and NIXL's UCX transports (files only, no CUDA)."""
+def probe_host_link(sys_root: Path = SYS_ROOT, ucx_dirs: tuple[Path, ...] | None = None,
+                    addresses: tuple[tuple[str, str], ...] | None = None) -> HostLink:
+    """Read this host's EFA devices and RDMA ports, peermem modules, NIXL's UCX transports (files only, no CUDA)
+    and, unless ``addresses`` are given, its interfaces' addresses (host_interfaces.py)."""
     devices = sys_root / "class" / "infiniband"
-    efa = tuple(sorted(device.name for device in (devices.iterdir() if devices.is_dir() else ())
-                       if (device / "device" / "driver").resolve().name == "efa"))
+    rdma = sorted(devices.iterdir()) if devices.is_dir() else []
+    efa = tuple(device.name for device in rdma if (device / "device" / "driver").resolve().name == "efa")
+    ports = tuple(f"{device.name}:{port.name}" for device in rdma
+                  for port in sorted((device / "ports").iterdir() if (device / "ports").is_dir() else ()))
     dirs = _nixl_ucx_dirs() if ucx_dirs is None else ucx_dirs
     has_peermem = any((sys_root / "module" / module).is_dir() for module in PEERMEM_MODULES)
     return HostLink(efa_devices=efa, has_peermem=has_peermem,
-                    ucx_has_cuda=not dirs or any(any(d.glob("libuct_cuda*.so*")) for d in dirs))
+                    ucx_has_cuda=not dirs or any(any(d.glob("libuct_cuda*.so*")) for d in dirs),
+                    addresses=host_addresses() if addresses is None else addresses, rdma_ports=ports)
 
 
 def _nixl_ucx_dirs() -> tuple[Path, ...]:
@@ -124,3 +147,27 @@ def choose_buffer_device(kv: KVTransferSpec, pool: PoolSpec, link: HostLink) -> 
         return BufferChoice("cpu", "NIXL's UCX has no cuda transports")
     return BufferChoice("cuda", "NIXL's UCX has cuda transports (cuda_ipc on one host)")
 
+
+
+UCX_NET_DEVICES_ENV = "UCX_NET_DEVICES"
+FI_TCP_IFACE_ENV = "FI_TCP_IFACE"  # libfabric's tcp provider: the one interface it uses (man fi_tcp)
+
+
+def transport_env(host: str, *, kv: KVTransferSpec, pool: PoolSpec, link: HostLink) -> dict[str, str]:
+    """Environment that keeps an engine's NIXL transports on the interface holding its address ``host``.
+
+    UCX's tcp transport listens on every interface in UCX_NET_DEVICES, by default all of them: an engine at
+    127.0.0.1 took KV connections on the host's external address too. UCX_NET_DEVICES names
+    network devices only (tcp interfaces and RDMA ports), never shared memory, cuda_ipc or cuda_copy, so listing
+    the interface and every RDMA port keeps those and InfiniBand/RoCE/EFA transports as they were. Libfabric's
+    tcp provider gets FI_TCP_IFACE; its efa provider listens on no IP socket. Raises ConfigError where ``host``
+    is no address of this host's interfaces."""
+    interface = link.interface_of(host)
+    if interface is None:
+        held = ", ".join(address for address, _name in link.addresses)
+        raise ConfigError(f"engine address {host!r} (launch.engine_host, or the Ray node's) is on no interface of "
+                          f"this host ({held}): NIXL's transports would listen on every interface; give one of those")
+    env = {UCX_NET_DEVICES_ENV: ",".join((interface, *link.rdma_ports))}
+    if "LIBFABRIC" in kv.backends and libfabric_provider(kv, pool, link)[0] == "tcp":
+        env[FI_TCP_IFACE_ENV] = interface
+    return env

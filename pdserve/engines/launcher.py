@@ -22,7 +22,13 @@ from typing import IO
 import aiohttp
 
 from pdserve.engine_config import EngineSpec
-from pdserve.engines.command import COMPILE_CACHE_ENV, CPU_BIND_ENV, DEFAULT_COMPILE_CACHE, EngineCommand
+from pdserve.engines.command import (
+    COMPILE_CACHE_ENV,
+    CPU_BIND_ENV,
+    DEFAULT_COMPILE_CACHE,
+    EngineCommand,
+    engine_environ,
+)
 from pdserve.engines.cpu_affinity import confine_engine, parse_cpu_list
 from pdserve.engines.kv_path import NOTE_PREFIX
 from pdserve.engines.start_failure import describe_failure
@@ -80,7 +86,7 @@ class EngineProcess:
         self._log_file.flush()
         self._process = await asyncio.create_subprocess_exec(
             *self.command.argv,
-            env={**os.environ, **self.command.env},
+            env=engine_environ(os.environ, self.command),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=asyncio.subprocess.STDOUT,

@@ -20,6 +20,7 @@ import aiohttp
 
 from pdserve.config import Settings
 from pdserve.engine_config import EngineSpec
+from pdserve.engine_key import EngineKey
 from pdserve.engines.command import CPU_BIND_ENV, build_engine_command, split_cpus
 from pdserve.engines.drain import wait_until_idle
 from pdserve.engines.kv_link import probe_host_link
@@ -38,12 +39,14 @@ SCALE_LOOK_INTERVAL_S = 0.25  # how often a scale request is looked for
 class Supervisor:
     def __init__(
         self, settings: Settings, *, model_path: str, layout: ModelLayout, progress: Callable[[str], None],
-        gpu_memory_bytes: int | None = None,
+        engine_key: EngineKey, gpu_memory_bytes: int | None = None,
     ) -> None:
         """Plans every engine's command, so a model the pools cannot hand off is refused (ConfigError)
-        before any engine starts. ``gpu_memory_bytes``: this host's GPU (None = unknown), which bounds a
-        hybrid model's batch (engines/batch_size.py)."""
+        before any engine starts. ``engine_key``: the deployment's (engine_key.py), which every engine requires, so
+        the sessions given to this supervisor must carry it. ``gpu_memory_bytes``: this host's GPU (None = unknown),
+        which bounds a hybrid model's batch (engines/batch_size.py)."""
         self._settings, self._progress, self._gpu_memory_bytes = settings, progress, gpu_memory_bytes
+        self._engine_key = engine_key
         self._model_path, self._layout, self._link = model_path, layout, probe_host_link()
         self._stopping = False
         specs = settings.engine_specs()
@@ -216,7 +219,7 @@ class Supervisor:
             python=settings.launch.python or sys.executable, host=settings.launch.engine_host,
             cpu_bind=spec.cpu_threads_bind or cpu_bind, link=self._link,
             otlp_traces_endpoint=settings.gateway.otlp_traces_endpoint, compile_cache_dir=settings.launch.cache_dir,
-            gpu_memory_bytes=self._gpu_memory_bytes,
+            gpu_memory_bytes=self._gpu_memory_bytes, engine_key=self._engine_key,
         )
         if self.mps is not None and self.mps.serves(spec):
             command = replace(command, env=command.env | self.mps.env)

@@ -1,5 +1,5 @@
 """The routes that report on or act on the engines, naming them to the admin only: /health (its engine
-listing), /admin/engines, /admin/scale and the live page."""
+listing), /admin/engines, /admin/scale and the live page. (/metrics, which names them too: gateway/app.py.)"""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pdserve.gateway.client_reply import JSON
 from pdserve.gateway.engine_rows import EngineRow, engine_rows, rows_json, with_leg_counts, workers_counted
 from pdserve.gateway.metrics import GatewayMetrics
 from pdserve.gateway.recent import RecentRequests
-from pdserve.gateway.request_input import authorization, header_map, read_body
+from pdserve.gateway.request_input import authorization, check_state_change, header_map, read_body
 from pdserve.gateway.scaling import MAX_BODY_BYTES, wanted_pools
 from pdserve.gateway.workers import Worker
 from pdserve.protocol import parse_json_object
@@ -43,7 +43,7 @@ class AdminRoutes:
 
     async def health(self, request: Request) -> Response:
         """200 while at least one engine of each role answers its health probe. Lists every engine
-        to the admin (to anyone when no key is configured): their addresses are internal."""
+        to the admin (to anyone when no key is configured: loopback or access.open): their addresses are internal."""
         counts = {role.value: len(self.pool.healthy(role)) for role in Role}
         is_ready = all(counts.values())
         body: dict[str, Any] = {"status": "ok" if is_ready else "degraded", "healthy_engines": counts}
@@ -77,6 +77,8 @@ class AdminRoutes:
     async def scale(self, request: Request) -> Response:
         """GET: the engines `pdserve up` launched, with their states; POST ``{"prefill": N, "decode": M}``:
         ask it for those pool sizes (202: added engines join once ready, removed ones drain first)."""
+        if request.method == "POST":
+            check_state_change(header_map(request.scope), bound_host=self.settings.gateway.host)
         self.keys.require(authorization(request), Access.ADMIN)
         members = self._members.read() if self._members is not None else None
         if self._members is None or members is None:

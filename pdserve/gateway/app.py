@@ -19,8 +19,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from pdserve.access import Access, AccessKeys, load_access_keys
+from pdserve.access import Access, AccessKeys
 from pdserve.config import Settings
+from pdserve.engine_key import EngineKey, engine_session, load_engine_key
 from pdserve.engines.members import MembersFolder
 from pdserve.errors import BadRequest, NotReady, PdserveError
 from pdserve.gateway import dashboard, readiness, tracing
@@ -30,20 +31,24 @@ from pdserve.gateway.call import Call, Reply
 from pdserve.gateway.client_errors import client_error
 from pdserve.gateway.client_reply import JSON, error_headers, offered, send_error, send_reply, send_whole
 from pdserve.gateway.disconnect import ClientDisconnected, DisconnectGuard
+from pdserve.gateway.exposure import gateway_keys
 from pdserve.gateway.handoffs import Handoffs
+from pdserve.gateway.key_limits import KeyLimits, requested_tokens
 from pdserve.gateway.kv_monitor import KVMonitor
+from pdserve.gateway.media_urls import check_media_urls
 from pdserve.gateway.metrics import GatewayMetrics
-from pdserve.gateway.model_card import ModelCards
+from pdserve.gateway.model_card import ModelCards, without_path
 from pdserve.gateway.orchestrator import Orchestrator
 from pdserve.gateway.recent import RecentRequests
 from pdserve.gateway.request_input import (
     authorization,
     check_header_size,
     header_map,
-    parse_mode,
     read_body,
     request_id,
 )
+from pdserve.gateway.schema_limits import check_schemas
+from pdserve.gateway.tenants import CacheSalts, requested_mode
 from pdserve.gateway.workers import Worker
 from pdserve.pd import native_relay
 from pdserve.pd.engine_http import EngineClient
@@ -66,14 +71,16 @@ SCHEMAS: dict[str, type[ChatRequest | CompletionRequest]] = {
 class Gateway:
     """State with a lifecycle: the upstream HTTP session, the endpoint pool, its health loop and warm-up."""
 
-    def __init__(self, settings: Settings, source: EndpointSource, keys: AccessKeys, *,
+    def __init__(self, settings: Settings, source: EndpointSource, keys: AccessKeys, *, engine_key: EngineKey,
                  worker: Worker | None = None, members: MembersFolder | None = None,
                  span_exporter: SpanExporter | None = None) -> None:
         self.settings, self.source, self.keys = settings, source, keys
+        self._engine_key = engine_key  # sent to engines on every call, never to clients
         self._span_exporter, self._tracing = span_exporter, tracing.OFF  # started with the lifespan
         self._worker = worker  # one of several processes on the port (gateway/workers.py), or None
         self.pool = Pool()
         self.admission = Admission(self.pool, spec=settings.gateway)
+        self.key_limits, self._salts = KeyLimits(settings.access), CacheSalts(keys)
         self.metrics = GatewayMetrics(self.pool, self.admission)
         self.readiness = readiness.Readiness()
         self.recent = RecentRequests()  # the live page's list, filled by the orchestrator
@@ -87,10 +94,11 @@ class Gateway:
     @contextlib.asynccontextmanager
     async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
         spec = self.settings.gateway
-        # The legs get their own lean client (pd/engine_http.py); health probes and metrics
-        # scrapes use aiohttp. No cookie jar: an engine's Set-Cookie must never ride along.
-        client = EngineClient(connect_timeout_s=spec.connect_timeout_s, link_timeout_s=spec.link_timeout_s)
-        async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
+        # The legs get their own lean client (pd/engine_http.py); health probes, metrics scrapes and model cards
+        # use aiohttp. Both carry the engine key on every request.
+        client = EngineClient(connect_timeout_s=spec.connect_timeout_s, link_timeout_s=spec.link_timeout_s,
+                              headers=self._engine_key.headers())
+        async with engine_session(self._engine_key) as session:
             handoffs = Handoffs(slow_s=spec.slow_handoff_warn_s)
             self._model_cards = ModelCards(session, settings=self.settings)
             monitor = KVMonitor(spec=spec, handoffs=handoffs, collector=self.metrics.engine_kv,
@@ -104,6 +112,7 @@ class Gateway:
                 decode_forces_first_token=self.settings.decode.forces_first_token,
                 engines_parse_chat=self.settings.prefill.parses_chat or self.settings.decode.parses_chat,
                 tool_call_parser=self.settings.decode.tool_call_parser or self.settings.prefill.tool_call_parser,
+                hides_cached_tokens=not self.settings.access.show_cached_tokens,
             )
             watchers = [
                 asyncio.create_task(self.source.follow(self.pool)),
@@ -150,20 +159,20 @@ class Gateway:
         trace: tracing.RequestTrace = tracing.NO_TRACE
         try:
             call_id = request_id(headers.get(b"x-request-id"))
-            self.keys.require(headers.get(b"authorization"), Access.CLIENT)
-            mode = parse_mode(headers.get(b"x-pd-mode"))
+            authorization = headers.get(b"authorization")
+            self.keys.require(authorization, Access.CLIENT)
+            mode = requested_mode(headers.get(b"x-pd-mode"), access=self.keys.grant(authorization))
             trace = self._tracing.request(headers, request_id=call_id, path=path)
-            call = Call(path=path, body=await self._read_request(path, headers, receive), mode=mode,
-                        request_id=call_id, arrived_s=time.perf_counter(), trace=trace)
-            connection = offered(scope)
-            with DisconnectGuard(receive, lost=connection.get("lost")):
-                async with self.admission.gateway_slot():  # held until the last byte, whatever ends it
-                    reply = await self._run(call)
-                    status = 200  # from here on, failures reach the client inside the stream
-                    try:
-                        await send_reply(send, reply, request_id=call_id, transport=connection.get("transport"))
-                    finally:
-                        reply.close()
+            async with self._admitted(path, headers, receive, call_id=call_id, mode=mode, trace=trace) as call:
+                connection = offered(scope)
+                with DisconnectGuard(receive, lost=connection.get("lost")):
+                    async with self.admission.gateway_slot():  # held until the last byte, whatever ends it
+                        reply = await self._run(call)
+                        status = 200  # from here on, failures reach the client inside the stream
+                        try:
+                            await send_reply(send, reply, request_id=call_id, transport=connection.get("transport"))
+                        finally:
+                            reply.close()
         except ClientDisconnected:
             if status != 200:
                 status = 499  # gone before its reply started
@@ -177,13 +186,33 @@ class Gateway:
             self.metrics.requests.labels(path, "auto" if mode is None else mode.value, str(status)).inc()
             trace.finish(status)
 
+    @contextlib.asynccontextmanager
+    async def _admitted(self, path: str, headers: dict[bytes, bytes], receive: Receive, *, call_id: str,
+                        mode: Mode | None, trace: tracing.RequestTrace) -> AsyncIterator[Call]:
+        """The request read and checked, counted against its key's limits for the block (gateway/key_limits.py),
+        its body salted with its tenant's cache_salt (gateway/tenants.py). Raises BadRequest, RateLimited."""
+        body = await self._read_request(path, headers, receive)
+        tenant, key = self.keys.tenant(headers.get(b"authorization")), self.router.key(body)
+        max_model_len = None if self._model_cards is None else self._model_cards.max_model_len
+        tokens = requested_tokens(body, prompt_tokens=key.tokens, max_model_len=max_model_len)
+        with self.key_limits.admit(tenant, tokens=tokens) as charge:
+            if self.settings.access.cache_salt_per_key:  # the client's own salt parts its tenant's cache further
+                body["cache_salt"] = self._salts.salt(tenant, chosen=body.get("cache_salt"))
+            yield Call(path=path, body=body, mode=mode, request_id=call_id, arrived_s=time.perf_counter(),
+                       trace=trace, prompt_key=key, on_usage=charge.settle if self.key_limits.meters_tokens else None)
+
     async def _read_request(self, path: str, headers: dict[bytes, bytes], receive: Receive) -> dict[str, Any]:
-        """The validated JSON body; raises BadRequest (400, 404 for an unknown model, 413)."""
-        body = parse_json_object(await read_body(receive, headers, limit=self.settings.gateway.max_body_bytes))
+        """The validated JSON body; raises BadRequest (400, 404 for an unknown model, 413), before any engine sees
+        it: for a structured-output schema too large to compile (gateway/schema_limits.py) or a media URL the
+        engines may not fetch (gateway/media_urls.py) too."""
+        spec = self.settings.gateway
+        body = parse_json_object(await read_body(receive, headers, limit=spec.max_body_bytes))
         validate_request(body, SCHEMAS[path])
         if body["model"] != self.settings.model.served_name:
             raise BadRequest(f"The model `{body['model']}` does not exist.", status=404,
                              param="model", code="model_not_found")
+        check_schemas(body, max_bytes=spec.max_schema_bytes, max_nodes=spec.max_schema_nodes)
+        check_media_urls(body, domains=self.settings.access.media_url_domains)
         return body
 
     async def _run(self, call: Call) -> Reply:
@@ -192,12 +221,15 @@ class Gateway:
 
     async def models(self, request: Request) -> Response:
         """The served model as its engines list it (root, max_model_len, ...: gateway/model_card.py),
-        once the gateway is ready (a client that polls this waits for warm-up too)."""
+        once the gateway is ready (a client that polls this waits for warm-up too); the model's path on
+        disk to the admin only."""
         self.keys.require(authorization(request), Access.CLIENT)
         if not self.readiness.report(self.pool)[0]:
             raise NotReady()
         assert self._model_cards is not None, "lifespan not started"
         card = await self._model_cards.card(self.pool)
+        if self.keys.grant(authorization(request)) < Access.ADMIN:
+            card = without_path(card)
         return Response(json.dumps({"object": "list", "data": [card]}), media_type=JSON)
 
     async def live(self, _request: Request) -> Response:
@@ -210,7 +242,10 @@ class Gateway:
         is_ready, body = self.readiness.report(self.pool)
         return Response(json.dumps(body), status_code=200 if is_ready else 503, media_type=JSON)
 
-    async def prometheus(self, _request: Request) -> Response:
+    async def prometheus(self, request: Request) -> Response:
+        """The gateway's metrics (every worker's, summed), for the admin only: they name the engines.
+        A Prometheus scrape sends ``Authorization: Bearer <admin key>``."""
+        self.keys.require(authorization(request), Access.ADMIN)
         body = self.metrics.render()
         if self._worker is not None:
             body = await self._worker.gather_metrics(body)  # every worker's, summed
@@ -242,14 +277,17 @@ class GatewayApp:
 
 
 def build_app(settings: Settings, source: EndpointSource | None = None, *, worker: Worker | None = None,
-              members: MembersFolder | None = None, span_exporter: SpanExporter | None = None) -> GatewayApp:
+              members: MembersFolder | None = None, span_exporter: SpanExporter | None = None,
+              engine_key: EngineKey | None = None) -> GatewayApp:
     """The gateway as an ASGI app serving ``settings`` (engines must be started elsewhere).
 
     Its engines come from ``source``; by default those `pdserve up` publishes in ``members`` (which
     /admin/scale resizes), else the configured ones (launched elsewhere, or urls).
     ``worker``: this app is one of several processes on the port (gateway/workers.py).
     ``span_exporter``: where spans go (tests: the SDK's in-memory one) instead of gateway.otlp_traces_endpoint.
-    Raises ConfigError for unreadable or malformed access keys.
+    ``engine_key``: what the engines require; None = the one given, or kept by a `pdserve up` (engine_key.py).
+    Raises ConfigError for unreadable or malformed access or engine keys, unusable TLS files, or a gateway that would be
+    open beyond loopback (gateway/exposure.py).
     """
     if source is None and members is not None:
         source = LaunchedEngines(members, external={role: settings.pool(role).urls for role in Role})
@@ -257,7 +295,8 @@ def build_app(settings: Settings, source: EndpointSource | None = None, *, worke
     gateway = Gateway(settings, source or FixedEndpoints(
         prefill_urls=settings.endpoint_urls(Role.PREFILL), decode_urls=settings.endpoint_urls(Role.DECODE),
         kv_logs=kv_logs),
-        load_access_keys(settings.gateway), worker=worker, members=members, span_exporter=span_exporter)
+        gateway_keys(settings, say_open=worker is None), worker=worker, members=members, span_exporter=span_exporter,
+        engine_key=load_engine_key(settings.gateway, run_dir=settings.run_dir) if engine_key is None else engine_key)
     routes = [
         Route("/v1/models", gateway.models, methods=["GET"]),
         Route("/health", gateway.admin.health, methods=["GET"]),

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pdserve.gateway.tracing import NO_TRACE, RequestTrace
 from pdserve.gateway_config import GatewaySpec
 from pdserve.routing.decision import Mode
+from pdserve.routing.prefix import PromptKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +24,9 @@ class Call:
     arrived_s: float  # time.perf_counter() at arrival
     may_prefill_locally: bool = True  # False: the prefill leg must work (a warm-up proves both legs)
     trace: RequestTrace = NO_TRACE  # its spans, or the client's traceparent passed through (gateway/tracing.py)
+    prompt_key: PromptKey | None = None  # the router's key of its prompt, where already made (else the router makes it)
+    # Told the engine's usage of the request, once its reply carries one (gateway/key_limits.py's Charge); None: no one.
+    on_usage: Callable[[Mapping[str, Any]], None] | None = None
 
     @property
     def is_stream(self) -> bool:
@@ -46,6 +50,14 @@ class ClientSocket(Protocol):
     @property
     def idle_fd(self) -> int | None:
         """The socket's descriptor while nothing waits in its buffer (the relay thread may write to it), else None."""
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Reply bytes written and not yet taken by the client's socket."""
+
+    def cut_off(self, *, grace_s: float) -> None:
+        """The stream ends early: once its reply is written, the connection closes, and is dropped should the client
+        not take what waits for it within ``grace_s``."""
 
 
 @dataclass(frozen=True, slots=True)

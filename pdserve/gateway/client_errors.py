@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from pdserve.errors import BadRequest, LegFailed, NoHealthyEndpoint, NotReady, Overloaded, UpstreamRejected
+from pdserve.errors import BadRequest, LegFailed, NoHealthyEndpoint, NotReady, Overloaded, RateLimited, UpstreamRejected
 from pdserve.protocol import error_body
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,8 @@ def client_error(exc: Exception, *, request_id: str) -> ClientError:
         return ClientError(503, str(exc), "server_error", "not_ready", retry_after_s=RETRY_AFTER_S)
     if isinstance(exc, Overloaded):
         return ClientError(429, str(exc), "rate_limit_exceeded", "overloaded", retry_after_s=exc.retry_after_s)
+    if isinstance(exc, RateLimited):  # OpenAI's shape: type "requests" or "tokens", code rate_limit_exceeded
+        return ClientError(429, str(exc), exc.kind, "rate_limit_exceeded", retry_after_s=exc.retry_after_s)
     if isinstance(exc, LegFailed):
         log.error("request_id=%s %s", request_id, exc)
         what = "did not answer in time" if exc.is_timeout else "failed"

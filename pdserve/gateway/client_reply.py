@@ -4,7 +4,9 @@ back), or the decode engine's SSE chunks, straight to the transport the server o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+import struct
 from typing import TypedDict, cast
 
 from starlette.types import Scope, Send
@@ -16,6 +18,7 @@ JSON = "application/json"
 # The scope extension under which gateway/server.py offers the client connection's transport.
 TRANSPORT_EXTENSION = "pdserve.transport"
 _TCP_CORK: int | None = getattr(socket, "TCP_CORK", None)
+_RESET_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close(2) sends a reset and frees the socket's buffer
 
 
 def error_headers(error: ClientError) -> list[tuple[str, str]]:
@@ -49,11 +52,13 @@ def offered(scope: Scope) -> OfferedConnection:
 async def send_reply(send: Send, reply: Reply, *, request_id: str, transport: asyncio.WriteTransport | None) -> None:
     """The decode engine's reply to the client: SSE bytes relayed as they come, or one JSON body.
 
-    Where the server offers its ``transport``, a chunk is written to it at once while nothing waits
-    in its buffer: the bytes uvicorn would write for it, from the engine socket's read, with no ASGI
-    message and no task woken (docs/benchmarks.md, section 1). With bytes queued (a slow client) it
-    goes through ``send``, which waits for the buffer to drain. A first chunk already in hand takes
-    the response head along in one packet (``ClientTransport.hold``).
+    Where the server offers its ``transport``, every chunk is written to it at once: the bytes uvicorn
+    would write for it, with no ASGI message and no task woken (docs/benchmarks.md, section 1). A client
+    that reads slower than the engine writes never holds the engine back: its bytes queue in the transport,
+    and the relay ends the stream once more than ``gateway.max_stream_buffer_bytes`` wait there
+    (``ClientTransport.cut_off``). A first chunk already in hand takes the response head along in one
+    packet (``ClientTransport.hold``). Without the transport, each chunk goes through ``send``, which
+    waits for the client to drain its buffer.
     """
     extra = ((b"x-request-id", request_id.encode()),)
     if reply.stream is None:
@@ -68,27 +73,30 @@ async def send_reply(send: Send, reply: Reply, *, request_id: str, transport: as
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), *extra]})
         async for chunk in reply.stream(client):
-            if client is None or not client.write_now(chunk):
+            if client is None:
                 message["body"] = chunk
                 await send(message)
-            if client is not None:
+            else:
+                client.write(chunk)
                 client.release()  # a held head has gone out with the first chunk
     finally:
         if client is not None:
             client.release()
-    await send({"type": "http.response.body", "body": b""})
+    await send({"type": "http.response.body", "body": b""})  # after a cut-off, waits at most its grace
+    if client is not None:
+        client.close_if_cut()
 
 
 class ClientTransport:
-    """The client connection's transport as the relay writes to it: chunks of the chunked body at
-    once, unless bytes wait in its buffer (an empty chunk goes through ``send``: written here, it
-    would read as the body's end)."""
+    """The client connection's transport as the relay writes to it: chunks of the chunked body, framed
+    here (an empty one is never written: it would read as the body's end)."""
 
     def __init__(self, transport: asyncio.WriteTransport) -> None:
         self._transport = transport
         self._buffered, self._is_closing, self._write = transport.get_write_buffer_size, transport.is_closing, transport.write
         self._is_tls = transport.get_extra_info("sslcontext") is not None  # its socket carries ciphertext only
         self._is_held = False
+        self._drop: asyncio.TimerHandle | None = None  # set by cut_off
 
     def hold(self) -> None:
         """Keep what is written in the socket until ``release``, called once the first chunk is written
@@ -116,6 +124,34 @@ class ClientTransport:
             return False
         self._write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
         return True
+
+    def write(self, chunk: bytes) -> None:
+        """One chunk of the body, behind whatever waits in the buffer; never waits itself."""
+        if chunk and not self._is_closing():
+            self._write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+
+    @property
+    def buffered_bytes(self) -> int:
+        return int(self._buffered())
+
+    def cut_off(self, *, grace_s: float) -> None:
+        if self._drop is None:
+            self._drop = asyncio.get_running_loop().call_later(grace_s, self._reset)
+
+    def _reset(self) -> None:
+        """Drop the connection and all it holds: a plain close would leave the kernel sending on, into a window
+        the client keeps shut, for minutes."""
+        if not self._is_closing():  # its socket is still the connection's own
+            with contextlib.suppress(OSError):
+                self._transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                                                    _RESET_ON_CLOSE)
+        self._transport.abort()
+
+    def close_if_cut(self) -> None:
+        """After a cut-off stream's last byte: no next request on this connection. The close sends what waits
+        first; the drop ``cut_off`` set stays due, for a client that still takes nothing."""
+        if self._drop is not None:
+            self._transport.close()
 
     def write_framed(self, data: bytes) -> None:
         if not self._is_closing():  # a client gone mid-write: nothing more reaches it

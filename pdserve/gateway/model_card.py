@@ -3,6 +3,7 @@
 vLLM's card says where the model lives (``root``) and its context length (``max_model_len``);
 load tools find the tokenizer through ``root`` (``vllm bench serve`` with no ``--model``). It
 cannot change while the engines run. Until an engine has answered, a card made from the config.
+A client other than the admin gets ``root`` only where it is a Hugging Face model id, never a path on disk.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from typing import Any
 
 import aiohttp
@@ -20,6 +22,7 @@ from pdserve.routing.pool import Pool
 
 log = logging.getLogger(__name__)
 FETCH_TIMEOUT_S = 5.0
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")  # Qwen/Qwen3-8B: what the Hub names a model by
 
 
 class ModelCards:
@@ -91,6 +94,15 @@ def pick_card(listing: object, served_name: str) -> dict[str, Any] | None:
         return None
     named = [card for card in cards if card.get("id") == served_name]
     return {**(named or cards)[0], "id": served_name}
+
+
+def without_path(card: dict[str, Any]) -> dict[str, Any]:
+    """``card`` with a ``root`` that is no Hugging Face model id (a folder on the engines' disk) replaced by the
+    card's ``id``, the name clients send; vLLM's other fields stay. Pure."""
+    root = card.get("root")
+    if isinstance(root, str) and _HUB_ID.fullmatch(root) and ".." not in root:
+        return card
+    return {**card, "root": card.get("id")}
 
 
 def config_card(settings: Settings) -> dict[str, Any]:

@@ -34,9 +34,10 @@ from pdserve.gateway.handoffs import Handoffs
 from pdserve.gateway.metrics import GatewayMetrics
 from pdserve.gateway.recent import RecentRequests, never_answered
 from pdserve.gateway.relay import Relay
+from pdserve.gateway.tenants import hide_cached_tokens
 from pdserve.gateway.tracing import LegTrace
 from pdserve.gateway_config import GatewaySpec
-from pdserve.pd import decode, first_delta, first_events, first_token, prefill, resume
+from pdserve.pd import decode, first_delta, first_events, first_token, kv_proof, prefill, resume
 from pdserve.pd.engine_http import EngineClient
 from pdserve.pd.engine_reply import EngineReply
 from pdserve.pd.first_token import FirstToken, Reason
@@ -63,15 +64,15 @@ class Orchestrator:
         spec: GatewaySpec, connector: str, metrics: GatewayMetrics, handoffs: Handoffs,
         recent: RecentRequests | None = None, max_model_len: Callable[[], int | None] = lambda: None,
         native: NativeRelay | None = None, decode_forces_first_token: bool = False, engines_parse_chat: bool = False,
-        tool_call_parser: str | None = None,
+        tool_call_parser: str | None = None, hides_cached_tokens: bool = False,
     ) -> None:
         """``max_model_len``: the engines' context length, once known (gateway/model_card.py).
         ``native``: the relay thread streams go to after their first token (pd/native_relay.py), if any.
         ``decode_forces_first_token``, ``engines_parse_chat``: what the engines can do with the prefill engine's
         token (engine_config.py's PoolSpec.forces_first_token, parses_chat; pd/first_token.py); ``tool_call_parser``:
-        the one they run (pd/first_delta.py)."""
+        the one they run (pd/first_delta.py). ``hides_cached_tokens``: clients get usage without them (gateway/tenants.py)."""
         self._decode_forces_first_token, self._engines_parse_chat = decode_forces_first_token, engines_parse_chat
-        self._tool_call_parser = tool_call_parser
+        self._tool_call_parser, self._hides_cached_tokens = tool_call_parser, hides_cached_tokens
         self._client, self._pool, self._admission, self._router = client, pool, admission, router
         self._routable: Engines = pool  # what it routes among: the pool, or one pair of it (on_pair)
         self._max_model_len, self._native = max_model_len, native
@@ -87,7 +88,7 @@ class Orchestrator:
         The decode engine is chosen first (routing/router.py: its load against the prompt's
         cached prefix); then whether a prefill engine computes the prompt, or that decode engine.
         """
-        key = self._router.key(call.body)
+        key = call.prompt_key or self._router.key(call.body)
         preferred = self._choose_decode(key)
         prefill_engines = self._routable.healthy(Role.PREFILL)
         decision = self._router.decide(key, preferred, prefill=prefill_engines, requested=call.mode)
@@ -164,7 +165,7 @@ class Orchestrator:
         relay = Relay(call, leg, mode=Mode.PD if kv is not None else Mode.LOCAL, prefill_done_s=prefill_done_s, kv=kv,
                       is_pull_lost=is_pull_lost, lead=lead, reopen=reopen,
                       leg_failed=self.leg_failed, kv_judged=self.kv_judged, spec=self._spec, metrics=self._metrics, handoffs=self._handoffs,
-                      recent=self.recent, native=self._native)
+                      recent=self.recent, native=self._native, hides_cached_tokens=self._hides_cached_tokens)
         if call.is_stream:
             return Reply(stream=relay.stream, close=relay.finish, first_chunk_ready=lead is not None)
         return Reply(json_body=await relay.read_whole())
@@ -220,8 +221,11 @@ class Orchestrator:
 
     def _first_token_only(self, call: Call, first: FirstToken) -> Reply:
         """The reply when the prefill engine's token ends it (a stop token, or max_tokens 1)."""
+        ending = first_events.ending(call.body, first, path=call.path)
+        if call.on_usage is not None and (usage := kv_proof.usage_of_events(ending)) is not None:
+            call.on_usage(usage)
         chunks = (first_events.token_events(call.body, first, path=call.path, text=first.text),
-                  first_events.ending(call.body, first, path=call.path))
+                  hide_cached_tokens(ending) if self._hides_cached_tokens else ending)
         self._count_first_token(call, Reason.ELIGIBLE)
 
         async def stream(_write_now: object = None) -> AsyncIterator[bytes]:

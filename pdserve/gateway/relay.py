@@ -25,6 +25,7 @@ from pdserve.gateway.handoffs import Handoffs
 from pdserve.gateway.metrics import GatewayMetrics, ModeMetrics
 from pdserve.gateway.recent import RecentRequests
 from pdserve.gateway.relay_record import RelayRecord
+from pdserve.gateway.tenants import hide_cached_tokens
 from pdserve.gateway_config import GatewaySpec
 from pdserve.pd import kv_proof, legs, resume
 from pdserve.pd.engine_reply import EngineUnreachable
@@ -59,17 +60,22 @@ class Relay:
         kv: KVTransferParams | None, reopen: Reopen, is_pull_lost: bool = False,
         leg_failed: LegFailedHook, kv_judged: KvJudgedHook, spec: GatewaySpec, metrics: GatewayMetrics, handoffs: Handoffs,
         recent: RecentRequests, lead: Lead | None = None, native: NativeRelay | None = None,
+        hides_cached_tokens: bool = False,
     ) -> None:
         """``lead``: the prefill engine's token, sent before the decode engine's (pd/first_token.py).
         ``leg``: the decode engine's open reply, or, behind a lead, the task opening it while the lead goes out.
         ``native``: the relay thread that takes the steady part of a stream, or None (every chunk in Python).
-        ``is_pull_lost``: the handoff was given up before ``leg`` opened, and counted (gateway/whole_pull.py)."""
+        ``is_pull_lost``: the handoff was given up before ``leg`` opened, and counted (gateway/whole_pull.py).
+        ``hides_cached_tokens``: the client gets the engine's usage without them (gateway/tenants.py)."""
         self._call, self._reopen, self._leg_failed, self._kv_judged = call, reopen, leg_failed, kv_judged
         self._leg: DecodeLeg | None = leg if isinstance(leg, DecodeLeg) else None
         self._opening = None if isinstance(leg, DecodeLeg) else leg
         self._lead = lead
         # A lead the decode engine had as prompt, not output: its usage event counts it as prompt.
         self._rewrites_usage = lead is not None and not lead.is_forced
+        self._hides_cached_tokens = hides_cached_tokens
+        # Every usage event must pass here: it is rewritten for the client, or settles the request's tokens.
+        self._watches_all_usage = hides_cached_tokens or call.on_usage is not None
         self._echoed_left = 0  # the decode engine's events of a forced lead's token still to drop
         self._spec, self._metrics = spec, metrics
         self._native = native
@@ -98,7 +104,7 @@ class Relay:
                     payload = await self._leg.response.read(idle_timeout_s=self._call.time_left_s(self._spec))
                     self._record.ttft_s = time.perf_counter() - self._call.arrived_s
                     self._call.trace.first_token()
-                    self._judge_kv(kv_proof.usage_of_reply(payload))
+                    payload = self._take_usage(payload, kv_proof.usage_of_reply(payload))
                     break
                 except (EngineUnreachable, TimeoutError) as exc:
                     failed = legs.leg_failed(Role.DECODE, self._leg.endpoint.url, exc, status=200,
@@ -149,9 +155,7 @@ class Relay:
                         if ENGINE_ERROR_EVENT in chunk:
                             raise EngineErrorEvent(*chunk.split(ENGINE_ERROR_EVENT, 1))
                         if self._watches_usage and USAGE_MARK in chunk:
-                            self._judge_kv(kv_proof.usage_of_events(chunk))
-                            if self._rewrites_usage:
-                                chunk = count_in_usage(chunk)
+                            chunk = self._take_usage(chunk, kv_proof.usage_of_events(chunk))
                         now_s = time.perf_counter()
                         if self._previous_s is None:
                             self._record.first_token(now_s)
@@ -165,6 +169,9 @@ class Relay:
                         self._previous_s = now_s
                         sent.append(chunk)
                         yield chunk
+                        if client is not None and client.buffered_bytes > self._spec.max_stream_buffer_bytes:
+                            yield self._cut_off(client)
+                            return
                     return
                 except (EngineUnreachable, TimeoutError) as exc:
                     if isinstance(exc, TimeoutError) and self._prefill_done_s is not None:
@@ -241,9 +248,31 @@ class Relay:
 
     @property
     def _watches_usage(self) -> bool:
-        """The usage event must pass here: a lead the decode engine had as prompt rewrites it, and a handoff
-        is judged by it."""
-        return self._rewrites_usage or self._kv_outcome is KvOutcome.UNKNOWN
+        """The usage event must pass here: a lead the decode engine had as prompt rewrites it, a handoff is judged
+        by it, and, where ``_watches_all_usage``, it is rewritten for the client or settles the request's tokens."""
+        return self._watches_all_usage or self._rewrites_usage or self._kv_outcome is KvOutcome.UNKNOWN
+
+    def _take_usage(self, data: bytes, usage: Mapping[str, Any] | None) -> bytes:
+        """A whole reply, or the events carrying its ``usage``: the handoff judged and the request's tokens
+        settled by it; the client gets it with a lead counted as output and, where hidden, no cached tokens."""
+        self._judge_kv(usage)
+        if usage is not None and self._call.on_usage is not None:
+            self._call.on_usage(usage)
+        if self._rewrites_usage:
+            data = count_in_usage(data)
+        return hide_cached_tokens(data) if self._hides_cached_tokens else data
+
+    def _cut_off(self, client: ClientSocket) -> bytes:
+        """The event that ends a stream whose client has more than ``max_stream_buffer_bytes`` waiting: it reads
+        slower than the engine writes. The decode leg closes with the stream (``finish``: the engine aborts it)."""
+        waiting = client.buffered_bytes
+        client.cut_off(grace_s=self._spec.idle_timeout_s)
+        log.warning("request_id=%s the client reads too slowly: %d bytes of its reply wait for it, more than "
+                    "gateway.max_stream_buffer_bytes (%d); stream ended", self._call.request_id, waiting,
+                    self._spec.max_stream_buffer_bytes)
+        return self._record.error_event(
+            f"the client read the stream too slowly: more than {self._spec.max_stream_buffer_bytes} bytes of it "
+            "waited to be read", "client_too_slow")
 
     def _judge_kv(self, usage: Mapping[str, Any] | None) -> None:
         """The handoff's outcome from the decode engine's usage, once per request."""

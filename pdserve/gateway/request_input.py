@@ -1,5 +1,6 @@
 """What the gateway reads from a client before any engine sees the request: header size, API key, request
-id, mode header and body, each bounded and checked; every refusal is a BadRequest with its status.
+id, mode header, body and, for an admin change, its content type and Host, each bounded and checked; every
+refusal is a BadRequest with its status.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from starlette.types import Receive, Scope
 
 from pdserve.errors import BadRequest
 from pdserve.gateway.disconnect import ClientDisconnected
+from pdserve.gateway.exposure import names_gateway
 from pdserve.protocol import PD_MODE_HEADER, REQUEST_ID_HEADER
 from pdserve.routing.decision import Mode
 
@@ -57,6 +59,20 @@ def parse_mode(header: bytes | None) -> Mode | None:
     except ValueError:
         raise BadRequest(f"{PD_MODE_HEADER} must be 'pd' or 'local'", param=PD_MODE_HEADER,
                          code="invalid_header") from None
+
+
+def check_state_change(headers: dict[bytes, bytes], *, bound_host: str) -> None:
+    """What a request that changes state (POST /admin/scale) carries besides the key, so that no web page can
+    make a browser send it. Raises BadRequest: 415 unless its body is declared JSON (a cross-site form cannot
+    declare it without a CORS preflight, which the gateway never grants), 421 unless its Host names this
+    gateway, bound to ``bound_host`` (a page that DNS rebinding points here sends its own domain)."""
+    media_type = headers.get(b"content-type", b"").partition(b";")[0].strip().lower()
+    if media_type != b"application/json":
+        raise BadRequest("send the body as JSON, with `Content-Type: application/json`", status=415,
+                         code="unsupported_media_type")
+    if not names_gateway(headers.get(b"host", b"").decode("latin-1"), bound_host=bound_host):
+        raise BadRequest("the Host header does not name this gateway: send the request to the gateway's own address "
+                         "or a loopback one", status=421, code="misdirected_request")
 
 
 async def read_body(receive: Receive, headers: dict[bytes, bytes], *, limit: int) -> bytes:

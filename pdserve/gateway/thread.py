@@ -11,15 +11,19 @@ import uvloop
 from starlette.types import ASGIApp
 
 from pdserve.errors import EngineStartFailed
+from pdserve.gateway.connections import ConnectionLimits
 from pdserve.gateway.server import make_server
+from pdserve.gateway_config import GatewaySpec
 
 
 class GatewayThread:
-    """uvicorn serving ``app`` on ``host:port`` from a daemon thread."""
+    """uvicorn serving ``app`` on ``host:port`` from a daemon thread (HTTPS with ``tls``'s files, where set),
+    each client connection held to ``limits`` (gateway/connections.py)."""
 
-    def __init__(self, app: ASGIApp, *, host: str, port: int) -> None:
+    def __init__(self, app: ASGIApp, *, host: str, port: int, tls: GatewaySpec | None = None,
+                 limits: ConnectionLimits | None = None) -> None:
         self.host, self.port = host, port
-        self._server = make_server(app, host=host, port=port)
+        self._server = make_server(app, host=host, port=port, tls=tls, limits=limits)
         self._thread = threading.Thread(target=self._serve, name="pdserve-gateway", daemon=True)
         self._failure: BaseException | None = None
 

@@ -1,5 +1,5 @@
 """The legs' lean HTTP/1.1 client, the gateway's hot path to its engines: pooled keep-alive connections,
-each request written with one syscall (pd/engine_reply.py parses the reply and hands it on)."""
+each request written once, with one syscall (pd/engine_reply.py parses the reply and hands it on)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from functools import lru_cache
 from urllib.parse import urlsplit
 
 from pdserve.pd.engine_reply import EngineConnection, EngineReply, EngineUnreachable
-from pdserve.pd.engine_socket import watch_link
+from pdserve.pd.engine_socket import is_closed_by_peer, watch_link
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,15 +31,19 @@ def _split_url(url: str) -> tuple[_Origin, bytes]:
     return _Origin(parts.hostname, port, parts.netloc.encode("ascii")), path.encode("ascii")
 
 
-def _format_request(path: bytes, origin: _Origin, headers: Mapping[str, str], payload: bytes) -> bytes:
-    lines = [b"POST %b HTTP/1.1\r\nHost: %b\r\nContent-Length: %d\r\n" % (path, origin.host_header, len(payload))]
+def _header_lines(headers: Mapping[str, str]) -> bytes:
+    lines = []
     for name, value in headers.items():
         if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
             raise ValueError(f"header {name!r} has a line break")  # would smuggle a header in
         lines.append(f"{name}: {value}\r\n".encode("latin-1"))
-    lines.append(b"\r\n")
-    lines.append(payload)
     return b"".join(lines)
+
+
+def _format_request(path: bytes, origin: _Origin, headers: Mapping[str, str], payload: bytes, *, fixed: bytes) -> bytes:
+    """``fixed``: the header lines every request of the client carries, formatted once."""
+    head = b"POST %b HTTP/1.1\r\nHost: %b\r\nContent-Length: %d\r\n" % (path, origin.host_header, len(payload))
+    return b"".join((head, fixed, _header_lines(headers), b"\r\n", payload))
 
 
 # Why not aiohttp here: on a small VM it spends 0.25-0.35 ms of Python per request (URL and
@@ -51,13 +55,17 @@ class EngineClient:
     """Keep-alive connections per engine, reused newest first; one request at a time on each.
 
     An idle connection is dropped after ``keepalive_s``, shorter than the engines' own idle limit
-    (uvicorn's default is 5 s), so a request rarely meets a connection the engine is closing; if
-    one does, before any byte of the reply, the request is sent again on a fresh connection.
+    (uvicorn's default is 5 s), and, just before its reuse, if the engine has closed it (pd/engine_socket.py).
+    A request is written once: a connection that fails after that fails the request, never sends it again,
+    since the engine may have read it (a prefill run twice holds its KV blocks twice).
     A connection whose engine host answers nothing for ``link_timeout_s`` fails (pd/engine_socket.py).
+    ``headers`` (the engine key's, engine_key.py) go with every request, formatted once here.
     """
 
-    def __init__(self, *, connect_timeout_s: float, keepalive_s: float = 4.0, link_timeout_s: float = 30.0) -> None:
+    def __init__(self, *, connect_timeout_s: float, keepalive_s: float = 4.0, link_timeout_s: float = 30.0,
+                 headers: Mapping[str, str] | None = None) -> None:
         self._connect_timeout_s, self._keepalive_s, self._link_timeout_s = connect_timeout_s, keepalive_s, link_timeout_s
+        self._fixed_headers = _header_lines(headers or {})
         self._idle: dict[_Origin, list[EngineConnection]] = {}
 
     async def post(self, url: str, payload: bytes, *, headers: Mapping[str, str]) -> EngineReply:
@@ -67,16 +75,8 @@ class EngineClient:
         ``close()`` the reply.
         """
         origin, path = _split_url(url)
-        request = _format_request(path, origin, headers, payload)
-        connection, is_reused = await self._acquire(origin, may_reuse=True)
-        try:
-            return await _send(connection, request)
-        except EngineUnreachable as exc:
-            if not is_reused or exc.had_reply_bytes or exc.is_link_failure:
-                raise
-        # The engine closed an idle connection as we used it; it never saw the request.
-        connection, _ = await self._acquire(origin, may_reuse=False)
-        return await _send(connection, request)
+        request = _format_request(path, origin, headers, payload, fixed=self._fixed_headers)
+        return await _send(await self._acquire(origin), request)
 
     def close(self) -> None:
         """Close the idle connections; those in use close with their replies."""
@@ -85,13 +85,15 @@ class EngineClient:
                 connection.abort()
         self._idle.clear()
 
-    async def _acquire(self, origin: _Origin, *, may_reuse: bool) -> tuple[EngineConnection, bool]:
+    async def _acquire(self, origin: _Origin) -> EngineConnection:
         idle = self._idle.get(origin, [])
         now_s = time.monotonic()
-        while idle and may_reuse:
+        while idle:
             connection = idle.pop()
-            if connection.is_open and now_s - connection.idle_since_s < self._keepalive_s:
-                return connection, True
+            # is_open lags: the loop may not have read the engine's close yet, the kernel has.
+            if (connection.is_open and now_s - connection.idle_since_s < self._keepalive_s
+                    and not is_closed_by_peer(connection.fd)):
+                return connection
             connection.abort()
         loop = asyncio.get_running_loop()
         try:
@@ -104,7 +106,7 @@ class EngineClient:
             raise EngineUnreachable(f"connect to {origin.host}:{origin.port} timed out "
                                     f"after {self._connect_timeout_s:g} s") from exc
         watch_link(connection.socket, link_timeout_s=self._link_timeout_s)
-        return connection, False
+        return connection
 
     def _release(self, origin: _Origin, connection: EngineConnection) -> None:
         idle = self._idle.setdefault(origin, [])

@@ -22,13 +22,6 @@ _HIGH_WATER_BYTES = 256 * 1024
 class EngineUnreachable(ConnectionError):
     """No connection to the engine, or it went away before its reply was complete."""
 
-    def __init__(self, message: str, *, had_reply_bytes: bool = False, is_link_failure: bool = False) -> None:
-        """``is_link_failure``: the kernel gave the connection up (its peer's host went silent), so
-        the engine may be running the request; not an engine closing an idle connection."""
-        super().__init__(message)
-        self.had_reply_bytes, self.is_link_failure = had_reply_bytes, is_link_failure
-
-
 
 class EngineReply:
     """One reply: status at once, then the body as it arrives. ``close()`` exactly once."""
@@ -36,7 +29,6 @@ class EngineReply:
     def __init__(self, connection: EngineConnection) -> None:
         self._connection = connection
         self.status = 0
-        self.has_bytes = False  # any byte of the reply arrived
         self._parts: list[bytes] = []
         self._buffered_bytes = 0
         self._is_complete = False
@@ -212,9 +204,9 @@ class EngineReply:
         self._is_complete = True
         self._wake()
 
-    def on_lost(self, reason: str, *, is_link_failure: bool = False) -> None:
+    def on_lost(self, reason: str) -> None:
         if not self._is_complete:
-            self._error = EngineUnreachable(reason, had_reply_bytes=self.has_bytes, is_link_failure=is_link_failure)
+            self._error = EngineUnreachable(reason)
             self._wake()
 
 
@@ -287,7 +279,6 @@ class EngineConnection(asyncio.Protocol):
             self.abort()  # bytes nobody asked for: the connection is no longer in a known state
             return
         reply = self._reply
-        reply.has_bytes = True
         reply.read_ended_line = data.endswith(b"\r\n")
         try:
             self._parser.feed_data(data)
@@ -300,13 +291,13 @@ class EngineConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.is_open = False
         if isinstance(exc, OSError) and not isinstance(exc, (ConnectionResetError, BrokenPipeError)):
-            self._lose(f"the link to the engine failed: {exc}", is_link_failure=True)  # engine_socket.py's timeout
+            self._lose(f"the link to the engine failed: {exc}")  # engine_socket.py's timeout
         else:
             self._lose(f"engine closed the connection: {exc or 'EOF'}")
 
-    def _lose(self, reason: str, *, is_link_failure: bool = False) -> None:
+    def _lose(self, reason: str) -> None:
         if self._reply is not None:
-            self._reply.on_lost(reason, is_link_failure=is_link_failure)
+            self._reply.on_lost(reason)
 
     # httptools callbacks
     def on_headers_complete(self) -> None:

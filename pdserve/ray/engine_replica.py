@@ -21,7 +21,6 @@ import sys
 import time
 from typing import Any
 
-import aiohttp
 import ray
 from ray import serve
 from ray.exceptions import RayError
@@ -29,14 +28,17 @@ from ray.serve.exceptions import RayServeException
 
 from pdserve.config import Settings, parse_settings
 from pdserve.engine_config import EngineSpec
-from pdserve.engines.command import build_engine_command, split_cpus
+from pdserve.engine_key import EngineKey, engine_session
+from pdserve.engines.command import EngineCommand, build_engine_command, split_cpus
 from pdserve.engines.drain import read_load, wait_until_idle
 from pdserve.engines.host_checks import check_engine_host, gpu_memory_bytes, read_memlock_limit
 from pdserve.engines.kv_link import probe_host_link
 from pdserve.engines.kv_path import KvPathLog
 from pdserve.engines.launcher import EngineProcess, bring_up
 from pdserve.errors import EngineStartFailed
+from pdserve.ray.deployment_key import GcsKeyStore, application_engine_key
 from pdserve.ray.names import REGISTRY_DEPLOYMENT
+from pdserve.ray.node_address import has_outgrown, replica_bind_host
 from pdserve.ray.pool_size import report_stats
 from pdserve.role import Role
 from pdserve.routing.health import probe
@@ -59,29 +61,15 @@ class EngineReplica:
         context = serve.get_replica_context()
         self._role = Role(role)
         rank, local_rank = replica_ranks(context.rank)
-        self._spec = replica_engine_spec(settings, self._role, host=ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
+        self._spec = replica_engine_spec(settings, self._role, host=await replica_bind_host(),
                                          rank=rank, local_rank=local_rank, instance=context.replica_id.unique_id,
                                          gpu_ids=[int(gpu) for gpu in ray.get_gpu_ids()])
-        cpu_bind = replica_cpu_bind(settings.pool(self._role).cpu_threads_bind, local_rank=local_rank,
-                                    cpus=sorted(os.sched_getaffinity(0)))
-        model_path = await resolve_model(settings, progress=log.info)
-        layout = await resolve_layout(model_path, progress=log.info)
-        link, python = probe_host_link(), settings.launch.python or sys.executable
-        command = build_engine_command(
-            self._spec, model=settings.model, model_path=model_path, layout=layout, kv=settings.kv,
-            python=python, host=self._spec.host, cpu_bind=cpu_bind,
-            link=link, otlp_traces_endpoint=settings.gateway.otlp_traces_endpoint,
-            compile_cache_dir=settings.launch.cache_dir,
-            gpu_memory_bytes=await gpu_memory_bytes([self._spec.pool]),
-        )
-        # Fails the replica with one PREFLIGHT_PREFIX line (Serve's message, `cloud status`) before vLLM runs.
-        checked = await check_engine_host(self._spec.pool, kv=settings.kv, env=command.env, link=link, python=python,
-                                          memlock_limit_bytes=read_memlock_limit())
-        log.info("preflight ok: %s", checked)
+        engine_key = await application_engine_key(settings, app_name=context.app_name, store=GcsKeyStore())
+        command = await plan_engine(settings, self._spec, local_rank=local_rank, engine_key=engine_key)
         log_path = settings.engine_log_dir.resolve() / f"{self._spec.name}-{self._spec.instance}.log"
         self._engine = EngineProcess(self._spec, command, log_path=log_path)
         self._kv_path_log = KvPathLog(log_path)  # the engine may run on another node than `pdserve verify`
-        self._session = aiohttp.ClientSession()
+        self._session = engine_session(engine_key)  # /metrics (load, drain) needs the key; /health does not
         self._health_timeout_s = settings.gateway.health_timeout_s
         self._drain_timeout_s = settings.ray.drain_timeout_s
         self._unanswered = Unanswered(grace_s=settings.ray.engine_unresponsive_s)
@@ -104,6 +92,11 @@ class EngineReplica:
             failure = self._engine.failure("exited")
             await self._engine.stop()  # its EngineCore and workers outlive a killed API server otherwise
             raise EngineStartFailed(failure)
+        if await has_outgrown(self._spec.host):
+            # Serve stops this replica as it stops any (__del__: the engine's streams end first) and starts one
+            # on the node's address, which the other machine's gateways and engines can reach.
+            raise EngineStartFailed(f"{self._spec.name} listens on loopback, but a node of another machine has "
+                                    "joined the cluster: it moves to its node's address")
         problem = await probe(self._session, self._spec.base_url, timeout_s=self._health_timeout_s)
         verdict = self._unanswered.verdict(problem, now_s=time.monotonic())
         if verdict is not None:
@@ -159,6 +152,26 @@ class EngineReplica:
     async def _stop(self) -> None:
         await self._engine.stop(grace_s=ENGINE_STOP_S)
         await self._session.close()
+
+
+async def plan_engine(settings: Settings, spec: EngineSpec, *, local_rank: int, engine_key: EngineKey) -> EngineCommand:
+    """The command of this replica's engine, once this node is found fit to run it: raises the preflight's
+    one PREFLIGHT_PREFIX line (Serve's message, `cloud status`) before vLLM runs."""
+    cpu_bind = replica_cpu_bind(spec.pool.cpu_threads_bind, local_rank=local_rank, cpus=sorted(os.sched_getaffinity(0)))
+    model_path = await resolve_model(settings, progress=log.info)
+    layout = await resolve_layout(model_path, progress=log.info)
+    link, python = probe_host_link(), settings.launch.python or sys.executable
+    command = build_engine_command(
+        spec, model=settings.model, model_path=model_path, layout=layout, kv=settings.kv,
+        python=python, host=spec.host, cpu_bind=cpu_bind,
+        link=link, otlp_traces_endpoint=settings.gateway.otlp_traces_endpoint,
+        compile_cache_dir=settings.launch.cache_dir,
+        gpu_memory_bytes=await gpu_memory_bytes([spec.pool]), engine_key=engine_key,
+    )
+    checked = await check_engine_host(spec.pool, kv=settings.kv, env=command.env, link=link, python=python,
+                                      memlock_limit_bytes=read_memlock_limit())
+    log.info("preflight ok: %s", checked)
+    return command
 
 
 class Unanswered:

@@ -9,23 +9,34 @@ import logging
 import math
 from typing import Any
 
-import ray
+from ray import serve
 from ray.exceptions import RayError
 from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 
 from pdserve.cluster_config import RaySpec
-from pdserve.config import parse_settings
+from pdserve.config import Settings, parse_settings
 from pdserve.gateway.app import build_app
+from pdserve.gateway.connections import connection_limits
 from pdserve.gateway.thread import GatewayThread
 from pdserve.gateway_config import NODE_HOST
+from pdserve.ray.deployment_key import GcsKeyStore, application_engine_key
+from pdserve.ray.node_address import replica_bind_host
 from pdserve.ray.registry_replica import MIRROR_INTERVAL_S
-from pdserve.role import Role
 from pdserve.routing.sources import RegisteredEndpoints
 
 log = logging.getLogger(__name__)
 GATEWAY_START_S = 30.0
+
+
+async def bound_settings(settings: Settings) -> Settings:
+    """``settings`` with gateway.host ``node`` made the address this replica binds on its node (node_address.py:
+    loopback on a one-machine cluster), so that the gateway's own checks (gateway/exposure.py) judge that one."""
+    if settings.gateway.host != NODE_HOST:
+        return settings
+    gateway = settings.gateway.model_copy(update={"host": await replica_bind_host()})
+    return settings.model_copy(update={"gateway": gateway})
 
 
 def registration_ttl_s(spec: RaySpec, *, health_timeout_s: float) -> float:
@@ -41,10 +52,13 @@ class GatewayReplica:
         self._engines = RegisteredEndpoints(ttl_s=math.inf)  # the registry drops engines that stop renewing
         self._engine_deployments = (prefill, decode)  # bound so Serve deploys them with the gateway
         self._registry = registry
-        host = settings.gateway.host
-        if host == NODE_HOST:
-            host = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-        self._server = GatewayThread(build_app(settings, self._engines), host=host, port=settings.gateway.port)
+        settings = await bound_settings(settings)
+        engine_key = await application_engine_key(settings, app_name=serve.get_replica_context().app_name,
+                                                  store=GcsKeyStore())
+        self._server = GatewayThread(build_app(settings, self._engines, engine_key=engine_key),
+                                     host=settings.gateway.host, port=settings.gateway.port, tls=settings.gateway,
+                                     limits=connection_limits(settings))
+        self._scheme = settings.gateway.scheme
         self._server.start(timeout_s=GATEWAY_START_S)
         self._mirroring = asyncio.create_task(self._mirror_registry())
 
@@ -65,11 +79,9 @@ class GatewayReplica:
         self._server.check()
 
     async def __call__(self, _request: Request) -> dict[str, Any]:
-        """Serve's own HTTP route: where the OpenAI API is, and the engines the gateway knows."""
-        return {
-            "openai_api": f"http://{self._server.host}:{self._server.port}/v1",
-            "engines": {role.value: self._engines.current(role) for role in Role},
-        }
+        """Serve's own HTTP route, which answers anyone who reaches Serve's proxy: where the OpenAI API is, and
+        no more. The engines' addresses are behind the gateway's admin key (its /health listing)."""
+        return {"openai_api": f"{self._scheme}://{self._server.host}:{self._server.port}/v1"}
 
     def __del__(self) -> None:
         self._mirroring.cancel()

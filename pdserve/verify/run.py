@@ -19,6 +19,7 @@ import aiohttp
 
 from pdserve.access import admin_key_needed, load_access_keys
 from pdserve.config import Settings
+from pdserve.engine_key import engine_session, load_engine_key
 from pdserve.engines.kv_link import is_efa_asked
 from pdserve.engines.kv_path import KvPath, kv_path_from_log
 from pdserve.errors import GatewayUnavailable
@@ -74,16 +75,18 @@ async def verify(
     (or refuses the probes for want of the admin key).
 
     The engines are those the gateway routes to, wherever they run (another node of a Ray
-    cluster too); without a gateway, the configured ones.
+    cluster too); without a gateway, the configured ones. Their key: engine_key.py's load_engine_key.
     """
     tokens = prompt_tokens or max(settings.model.max_model_len - 64, 16)
-    client = EngineClient(connect_timeout_s=settings.gateway.connect_timeout_s)
+    engine_key = load_engine_key(settings.gateway, run_dir=settings.run_dir)  # the engines', to them alone
+    client = EngineClient(connect_timeout_s=settings.gateway.connect_timeout_s, headers=engine_key.headers())
     try:
-        # The admin key lets /health list the engines and completions through; engines ignore it.
-        async with aiohttp.ClientSession(headers=load_access_keys(settings.gateway).headers()) as session:
-            engines = await _engines(session, settings, gateway)
+        # The admin key lets /health list the engines and completions through; it goes to the gateway alone.
+        async with aiohttp.ClientSession(headers=load_access_keys(settings.gateway).headers()) as gateway_session, \
+                engine_session(engine_key) as session:
+            engines = await _engines(gateway_session, settings, gateway)
             pairs = [(prefill, decode) for prefill in engines[Role.PREFILL] for decode in engines[Role.DECODE]]
-            is_equal = await _pd_equals_local(session, gateway.url, settings, timeout_s) if gateway else None
+            is_equal = await _pd_equals_local(gateway_session, gateway.url, settings, timeout_s) if gateway else None
             fastest = [await _fastest_probe(session, client, settings, prefill_url=prefill.url, decode_url=decode.url,
                                             prompt_tokens=tokens, probes=probes, timeout_s=timeout_s)
                        for prefill, decode in pairs]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import itertools
 import re
+import runpy
 import shutil
 import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,9 @@ from pdserve.cluster_config import KubernetesSpec
 
 REPO = Path(__file__).parents[2]
 DOCKERFILE = REPO / "Dockerfile"
-RAY_LLM_IMAGE = re.compile(r"rayproject/ray-llm:(?P<ray_version>\d+\.\d+\.\d+)-py3\d+-cu\d+")
+RAY_LLM_IMAGE = re.compile(r"rayproject/ray-llm:(?P<ray_version>\d+\.\d+\.\d+)-py3\d+-cu\d+@(?P<digest>.*)")
+LOCK = REPO / "docker" / "requirements.lock"
+MISSING_FROM_IMAGE = REPO / "docker" / "missing_from_image.py"
 
 
 def instructions() -> list[tuple[str, str]]:
@@ -36,8 +40,9 @@ def arg_defaults() -> dict[str, str]:
 
 
 def resolve(text: str) -> str:
-    """``text`` with each ``${NAME}`` replaced by that ARG's default, as a build without --build-arg does."""
-    return re.sub(r"\$\{(\w+)\}", lambda match: arg_defaults()[match[1]], text)
+    """``text`` with each ``${NAME}`` (or ``${NAME:?message}``) replaced by that ARG's default, as a build without
+    --build-arg does."""
+    return re.sub(r"\$\{(\w+)(?::\?[^}]*)?\}", lambda match: arg_defaults()[match[1]], text)
 
 
 def steps(run: str) -> list[tuple[str, str]]:
@@ -69,6 +74,21 @@ def test_base_image_is_the_ray_llm_image_of_the_default_ray_version() -> None:
     assert match["ray_version"] == KubernetesSpec().ray_version, "render k8s would announce another Ray version"
 
 
+def test_the_base_image_is_taken_by_digest_and_the_build_refuses_it_unpinned() -> None:
+    """BuildKit expands ``${BASE_DIGEST:?message}`` to an error while the ARG is empty (moby/buildkit
+    frontend/dockerfile/shell/lex.go, processDollar), so FROM never pulls by tag alone."""
+    (base,) = arguments("FROM")
+    message = re.fullmatch(r"\S+@\$\{BASE_DIGEST:\?(?P<message>[^}\s]+)\}", base)
+    assert message, f"FROM must take the image by ${{BASE_DIGEST:?...}}: {base}"
+    assert "docker/pin-base.sh" in message["message"], "the refusal names the command that pins it"
+    digest = arg_defaults()["BASE_DIGEST"]
+    assert digest == "" or re.fullmatch(r"sha256:[0-9a-f]{64}", digest), digest
+    order = [(word, rest) for word, rest in instructions() if word in {"ARG", "FROM"}]
+    assert order.index(("ARG", "BASE_DIGEST=" + digest)) < order.index(("FROM", base)), "an ARG FROM can see"
+    pin = (REPO / "docker" / "pin-base.sh").read_text()
+    assert "s/^ARG BASE_DIGEST=.*/ARG BASE_DIGEST=$digest/" in pin and "imagetools inspect" in pin
+
+
 def test_pdserve_is_installed_from_the_copied_project() -> None:
     copied = " ".join(arguments("COPY"))
     assert "pyproject.toml" in copied
@@ -78,20 +98,61 @@ def test_pdserve_is_installed_from_the_copied_project() -> None:
     assert any(command.strip().endswith("/home/ray/pdserve") for command in pip_installs())
 
 
-def installed_packages(command: str) -> list[str]:
-    """The package names a ``pip install`` command names (not its paths, options or option values)."""
-    tokens = command.split()[command.split().index("install") + 1:]
-    values = {value for option, value in itertools.pairwise(tokens) if option in {"--constraint", "-c"}}
-    names = [token for token in tokens if not token.startswith(("-", "/", ".")) and token not in values]
-    return [re.split(r"[\[<>=!~ ()]", name, maxsplit=1)[0].lower() for name in names]
+def install_options(command: str) -> set[str]:
+    return {token for token in command.split() if token.startswith("-")}
 
 
-def test_no_pip_install_replaces_the_image_engines() -> None:
-    """vLLM, torch and Ray come with the image, built for its CUDA: every install is pinned to them."""
-    assert "pip list --format=freeze > /tmp/image-packages.txt" in " ".join(arguments("RUN"))
-    for command in pip_installs():
-        assert "--constraint /tmp/image-packages.txt" in command, command
-        assert not {"vllm", "torch", "ray"} & set(installed_packages(command)), command
+def test_every_package_pip_adds_is_locked_and_hash_checked() -> None:
+    """vLLM, torch and Ray come with the image, built for its CUDA, and keep their versions: pip adds only the lock's
+    entries the image lacks, each file checked against its sha256, then pdserve with no index to fetch from."""
+    (run,) = [" ".join(run.split()) for run in arguments("RUN") if "missing_from_image.py" in run]
+    assert "pip list --format=freeze > /tmp/image-packages.txt" in run
+    assert ("docker/missing_from_image.py /home/ray/pdserve/docker/requirements.lock /tmp/image-packages.txt "
+            "> /tmp/missing.lock") in run
+    installs = pip_installs()
+    assert len(installs) == 2 and all(" ".join(install.split()) in run for install in installs)
+    locked, project = installs
+    assert {"--require-hashes", "--no-deps", "-r"} <= install_options(locked) and locked.split()[-1] == "/tmp/missing.lock"
+    assert {"--no-index", "--no-build-isolation"} <= install_options(project)
+    assert project.strip().endswith("/home/ray/pdserve")
+    steps_ = [command for _, command in steps(run)]
+    assert steps_.index(next(step for step in steps_ if "missing_from_image.py" in step)) < steps_.index(
+        " ".join(locked.split()))
+
+
+def lock_entries() -> list[tuple[str, str]]:
+    entries: list[tuple[str, str]] = runpy.run_path(str(MISSING_FROM_IMAGE))["entries"](LOCK.read_text())
+    return entries
+
+
+def test_the_lock_pins_every_package_with_the_hash_of_each_file() -> None:
+    entries = lock_entries()
+    for name, text in entries:
+        assert re.fullmatch(r"[\w.-]+==[\w.+!-]+", text.split()[0]), f"not pinned: {text.split()[0]}"
+        assert re.search(r"--hash=sha256:[0-9a-f]{64}", text), f"{name} has no hash: pip --require-hashes refuses it"
+    names = {name for name, _ in entries}
+    canonical = runpy.run_path(str(MISSING_FROM_IMAGE))["canonical"]
+    wanted = {canonical(re.split(r"[\[<>=!~ ]", requirement, maxsplit=1)[0])
+              for requirement in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]}
+    assert wanted | {"nixl-cu13", "setuptools", "wheel"} <= names, "docker/lock.sh: the lock misses a requirement"
+    (nixl,) = [text for name, text in entries if name == "nixl-cu13"]
+    assert nixl.startswith("nixl-cu13==1.5.1 "), "NIXL pinned, as docker/requirements.in asks"
+    assert "nixl-cu13==1.5.1" in (REPO / "docker" / "requirements.in").read_text().split()
+
+
+def test_missing_from_image_keeps_the_lock_entries_the_image_lacks_with_their_hashes(tmp_path: Path) -> None:
+    """Run as the build runs it; names compare as pip compares them (PEP 503)."""
+    lock = tmp_path / "requirements.lock"
+    lock.write_text("#\n# header\n#\n--index-url https://example.invalid/simple\n\n"
+                    "pyyaml==6.0.4 \\\n    --hash=sha256:" + "a" * 64 + "\n    # via pdserve\n"
+                    "typing-extensions==4.16.0 \\\n    --hash=sha256:" + "b" * 64 + "\n"
+                    "uvloop==0.23.0 \\\n    --hash=sha256:" + "c" * 64 + " \\\n    --hash=sha256:" + "d" * 64 + "\n")
+    freeze = tmp_path / "image-packages.txt"
+    freeze.write_text("PyYAML==6.0.1\ntyping_extensions==4.12.2\nvllm==0.26.0\n")
+    result = subprocess.run([sys.executable, str(MISSING_FROM_IMAGE), str(lock), str(freeze)], capture_output=True,
+                            text=True, timeout=30, check=True)
+    assert result.stdout == ("uvloop==0.23.0 \\\n    --hash=sha256:" + "c" * 64 + " \\\n    --hash=sha256:" + "d" * 64
+                             + "\n")
 
 
 def test_no_secret_is_baked_in() -> None:
@@ -168,8 +229,9 @@ def test_the_build_fails_unless_nixls_libfabric_plugin_finds_every_library_it_ne
     # the copy NIXL loads, of the image's CUDA 13 wheel ("Loading plugins from: ..." in NIXL's debug log)
     assert "-path '*/.nixl_cu13.mesonpy.libs/plugins/libplugin_LIBFABRIC.so'" in command
     assert re.findall(r"--at-run-time (\S+)", command) == ["libcuda.so.1"], "only the driver's, which the node mounts"
-    nixl_installed = [index for index, (_, rest) in enumerate(instructions()) if "nixl-cu13" in rest]
-    checked = [index for index, (_, rest) in enumerate(instructions()) if rest == run]
+    # NIXL comes from the image or, where it lacks it, from the lock (docker/requirements.in: nixl-cu13)
+    (nixl_installed,) = [index for index, (_, rest) in enumerate(instructions()) if "--require-hashes" in rest]
+    (checked,) = [index for index, (_, rest) in enumerate(instructions()) if rest == run]
     assert nixl_installed < checked
     assert "docker/check-shared-libs.sh /home/ray/pdserve/docker/check-shared-libs.sh" in " ".join(arguments("COPY"))
 

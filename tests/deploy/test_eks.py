@@ -36,7 +36,8 @@ eks: {cluster_name: demo, region: us-west-2, gpu_nodes: 2}
 PREFLIGHT_STEPS = ["aws-identity", "instance-types", "quota-L-DB2E81BA", "quota-L-1216C47A", "zones"]
 UP_STEPS = ["cluster", "system-nodes", "gpu-nodes", "kubeconfig", "efa-device-plugin", "gpu-nodes-ready",
             "image-check-clean", "image-check-pod", "image-ray-version", "image-check-done", "helm-repo",
-            "kuberay-operator", "namespace", "ray-token", "replace-pods", "manifests", "pod-monitor", "serving"]
+            "kuberay-operator", "namespace", "ray-token", "engine-key", "api-keys", "replace-pods", "manifests",
+            "pod-monitor", "serving"]
 DOWN_STEPS = ["kubeconfig", "pod-monitor", "manifests", "ray-token", "kuberay-operator", "cluster", "kube-context"]
 # the commands `up` runs (checks left out), by their leading words without --context; each poll is one
 # command: the GPU nodes are NotReady and tainted at the first look, the check pod is pulling at its first, and
@@ -49,7 +50,7 @@ UP_COMMANDS = [
     *["kubectl get nodes,daemonsets,pods --namespace kube-system"] * 2, "kubectl create -f -",
     *["kubectl get pod pdserve-image-check --namespace default -o json"] * 2,
     "kubectl delete pod pdserve-image-check --namespace default", "helm repo add",
-    "helm upgrade --install", "kubectl apply", "kubectl create secret", "kubectl apply",
+    "helm upgrade --install", "kubectl apply", *["kubectl create secret"] * 3, "kubectl apply",
     *["kubectl get rayservices,pods,events,nodes"] * 3,
 ]
 POLLS = ("get nodes,daemonsets,pods", "get rayservices,pods,events,nodes",
@@ -142,9 +143,9 @@ def test_up_dry_run_prints_every_command_and_manifest_in_order_and_calls_no_tool
     result = cloud(standins, "up", "--dry-run")
     assert result.exit_code == 0, result.output
     assert list(step_lines(result.output)) == PREFLIGHT_STEPS + UP_STEPS
-    assert re.findall(r"^\[ *(\d+)/18\]", result.output, flags=re.MULTILINE) == [str(n) for n in range(1, 19)]
+    assert re.findall(r"^\[ *(\d+)/20\]", result.output, flags=re.MULTILINE) == [str(n) for n in range(1, 21)]
     assert "aws ec2 describe-instance-type-offerings" in result.output
-    for content in ("kind: ClusterConfig", "efaEnabled: true", "kind: RayService", "kind: Service",
+    for content in ("kind: ClusterConfig", "efaEnabled: true", "kind: NetworkPolicy", "kind: RayService", "kind: Service",
                     "kind: PodMonitor", "helm upgrade --install kuberay-operator kuberay/kuberay-operator"):
         assert content in result.output
     assert "stdin: (secret, not shown)" in result.output
@@ -185,14 +186,25 @@ def test_up_runs_the_tools_in_order_and_says_how_to_reach_the_app(standins: Stan
     assert "port-forward svc/pdserve-gateway --namespace serving 9000:openai" in result.output
 
 
-def test_the_ray_token_reaches_kubectl_through_stdin_only(standins: Standins) -> None:
+def test_the_keys_reach_kubectl_through_stdin_only_and_only_the_api_key_is_shown_once(standins: Standins) -> None:
     result = cloud(standins, "up")
     assert result.exit_code == 0, result.output
-    (secret_call,) = [call for call in standins.calls() if call["words"][:2] == ["create", "secret"]]
-    token = secret_call["stdin"]
-    assert len(token) >= 40
-    assert token not in result.output
-    assert all(token not in " ".join(call["argv"]) for call in standins.calls())
+    made = {call["words"][3]: call["stdin"] for call in standins.calls() if call["words"][:2] == ["create", "secret"]}
+    assert list(made) == ["pdserve-ray-token", "pdserve-engine-key", "pdserve-api-keys"]
+    api_keys = dict(line.split("=", 1) for line in made["pdserve-api-keys"].splitlines())
+    shown = [made["pdserve-ray-token"], made["pdserve-engine-key"], api_keys["admin_key"]]
+    assert all(len(key) >= 40 and key not in result.output for key in shown)
+    assert result.output.count(api_keys["api_keys"]) == 1  # shown once, with how to read it back
+    assert ("kubectl -n serving get secret pdserve-api-keys -o jsonpath='{.data.api_keys}' | base64 -d"
+            in result.output)
+    for key in [*shown, api_keys["api_keys"]]:
+        assert all(key not in " ".join(call["argv"]) for call in standins.calls())
+
+    standins.forget_calls()
+    again = cloud(standins, "up")  # the Secrets exist: none is made, no key shown
+    assert again.exit_code == 0, again.output
+    assert not [call for call in standins.calls() if call["words"][:2] == ["create", "secret"]]
+    assert api_keys["api_keys"] not in again.output and "shown once" not in again.output
 
 
 def test_a_failed_step_stops_the_plan_with_its_error_and_a_rerun_resumes(

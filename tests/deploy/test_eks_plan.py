@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from pdserve.config import Settings, load_settings, parse_settings
 from pdserve.deploy.eks import plan_down, plan_up
 from pdserve.deploy.eksctl import GPU_NODE_GROUP, MEMLOCK_BYTES, SYSTEM_NODE_GROUP, choose_zones, cluster_config
 from pdserve.deploy.k8s import render_manifests
+from pdserve.deploy.k8s_secrets import NewSecrets
 from pdserve.deploy.pod_diagnosis import rayservice_readiness
 from pdserve.deploy.runner import run_plan
 from pdserve.deploy.steps import Poll, Step
@@ -97,21 +99,66 @@ def test_pools_selecting_different_values_of_one_label_cannot_share_the_gpu_grou
         cluster_config(settings, choose_zones(OFFERINGS, settings.eks))
 
 
-def test_the_plans_never_carry_the_token_outside_the_secret_steps_stdin() -> None:
-    token = "tok-" + "x" * 40
+SECRETS = NewSecrets(ray_token="tok-" + "r" * 40, engine_key="eng-" + "e" * 40, api_key="api-" + "a" * 40,
+                     admin_key="adm-" + "d" * 40)
+
+
+def test_the_plans_never_carry_a_key_outside_its_secret_steps_stdin() -> None:
     settings = eks_settings()
-    steps = plan_up(settings, zones=choose_zones(OFFERINGS, settings.eks), ray_token=token)
-    carrying = [step for step in steps if token in step.stdin]
-    assert [(step.name, step.is_stdin_secret) for step in carrying] == [("ray-token", True)]
-    assert not any(token in shlex.join(argv) for step in steps for argv in (step.argv, step.done_check, step.only_if))
+    steps = plan_up(settings, zones=choose_zones(OFFERINGS, settings.eks), secrets=SECRETS)
+    for step_name, keys in (("ray-token", [SECRETS.ray_token]), ("engine-key", [SECRETS.engine_key]),
+                            ("api-keys", [SECRETS.api_key, SECRETS.admin_key])):
+        for key in keys:
+            carrying = [step for step in steps if key in step.stdin]
+            assert [(step.name, step.is_stdin_secret) for step in carrying] == [(step_name, True)]
+            assert not any(key in shlex.join(argv) for step in steps for argv in (step.argv, step.done_check,
+                                                                                   step.only_if))
+
+
+def test_up_makes_each_required_secret_before_the_manifests_and_only_where_it_is_missing() -> None:
+    """The pods require the three Secrets (no `optional`): they must exist before the RayService is applied."""
+    settings = eks_settings()
+    steps = plan_up(settings, zones=choose_zones(OFFERINGS, settings.eks), secrets=SECRETS)
+    names = [step.name for step in steps]
+    made = {step.name: step for step in steps if step.argv[3:5] == ("create", "secret")}
+    assert list(made) == ["ray-token", "engine-key", "api-keys"]
+    assert names.index("namespace") < min(names.index(name) for name in made) < names.index("manifests")
+    for step in made.values():
+        secret = step.argv[6]
+        assert step.done_check[3:] == ("get", "secret", secret, "--namespace", "pdserve")
+    assert made["api-keys"].argv[-1] == "--from-env-file=/dev/stdin"
+    # KEY=VALUE lines, as kubectl's --from-env-file reads them (create_secret.go, handleSecretFromEnvFileSources)
+    assert made["api-keys"].stdin == f"api_keys={SECRETS.api_key}\nadmin_key={SECRETS.admin_key}\n"
+    assert made["engine-key"].argv[-1] == "--from-file=engine_key=/dev/stdin"
+    opened = plan_up(eks_settings(access={"open": True}), zones=choose_zones(OFFERINGS, settings.eks), secrets=SECRETS)
+    assert "api-keys" not in [step.name for step in opened]
+
+
+def test_generated_keys_are_new_each_time_and_keys_the_gateway_accepts() -> None:
+    first, second = NewSecrets.generate(), NewSecrets.generate()
+    values = [first.ray_token, first.engine_key, first.api_key, first.admin_key, second.api_key]
+    assert len(set(values)) == len(values)
+    for key in values:  # what access.py and engine_key.py accept: visible ASCII, 16 characters at least
+        assert re.fullmatch(r"[\x21-\x7e]{16,}", key)
+    assert first.api_key not in repr(first)  # never in a traceback or a log
+
+
+def test_the_cluster_turns_on_the_vpc_cnis_network_policy_enforcement() -> None:
+    """Without enableNetworkPolicy the VPC CNI accepts NetworkPolicies and enforces none."""
+    settings = eks_settings()
+    config = cluster_config(settings, choose_zones(OFFERINGS, settings.eks))
+    (vpc_cni,) = [addon for addon in config["addons"] if addon["name"] == "vpc-cni"]
+    assert json.loads(vpc_cni["configurationValues"]) == {"enableNetworkPolicy": "true"}  # a string in its schema
+    assert vpc_cni["resolveConflicts"] == "overwrite"
 
 
 def test_every_step_of_up_and_down_is_safe_to_rerun() -> None:
     """A create is skipped once done; a removal runs only while there is something to remove."""
     settings = eks_settings()
-    up = plan_up(settings, zones=choose_zones(OFFERINGS, settings.eks), ray_token="t")
+    up = plan_up(settings, zones=choose_zones(OFFERINGS, settings.eks), secrets=SECRETS)
     creates = [step for step in up if "create" in step.argv and step.name != "image-check-pod"]
-    assert {step.name for step in creates} == {"cluster", "system-nodes", "gpu-nodes", "ray-token"}
+    assert {step.name for step in creates} == {"cluster", "system-nodes", "gpu-nodes", "ray-token", "engine-key",
+                                               "api-keys"}
     assert all(step.done_check for step in creates)
     # the image check's pod is made anew on every run, right after the pod an interrupted run left is removed
     names = [step.name for step in up]
@@ -121,7 +168,7 @@ def test_every_step_of_up_and_down_is_safe_to_rerun() -> None:
 
 def test_the_eksctl_config_is_valid_yaml_for_every_node_group_step() -> None:
     settings = eks_settings()
-    steps = plan_up(settings, zones=choose_zones(OFFERINGS, settings.eks), ray_token="t")
+    steps = plan_up(settings, zones=choose_zones(OFFERINGS, settings.eks), secrets=SECRETS)
     configs = {step.name: yaml.safe_load(step.stdin) for step in steps if step.argv[0] == "eksctl"}
     assert list(configs) == ["cluster", "system-nodes", "gpu-nodes"]
     assert all(config == configs["cluster"] for config in configs.values())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,12 @@ import yaml
 from typer.testing import CliRunner
 
 from pdserve.cli import app
+from pdserve.cluster_config import KubernetesSpec
 from pdserve.config import Settings, load_settings
-from pdserve.deploy.k8s import kubernetes_settings, render_manifests, render_yaml, write_manifests
+from pdserve.deploy.k8s import kubernetes_settings, render_manifests, render_yaml, secrets_comment, write_manifests
 from pdserve.deploy.k8s_names import RAY_TOKEN_SECRET_KEY, ray_token_secret_name
+from pdserve.deploy.k8s_secrets import secrets_note
+from pdserve.deploy.preflight import image_check_pod
 from pdserve.deploy.rayservice import ray_resources_param
 from pdserve.deploy.serve import serve_config
 from pdserve.errors import ConfigError
@@ -42,6 +46,9 @@ def defaults() -> Settings:
 
 
 CONFIGS = {"eks-g6-efa": eks, "defaults": defaults}
+# What every Ray pod's rayStartParams pin, for the NetworkPolicies (Ray picks the first three at random otherwise).
+PINNED_RAY_PORTS = {"node-manager-port": "6380", "object-manager-port": "6381", "dashboard-agent-grpc-port": "6382",
+                    "min-worker-port": "10002", "max-worker-port": "19999"}
 
 
 @pytest.fixture(params=sorted(CONFIGS))
@@ -72,6 +79,11 @@ def pruned_fields(obj: Any, schema: dict[str, Any], path: str = "") -> list[str]
         return [field for index, item in enumerate(obj)
                 for field in pruned_fields(item, schema["items"], f"{path}[{index}]")]
     return []
+
+
+def rayservice_of(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (only,) = [obj for obj in objects if obj["kind"] == "RayService"]
+    return only
 
 
 def ray_groups(rayservice: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -131,12 +143,12 @@ def test_service_fronts_the_gateway_port_of_the_head_container(manifests: dict[s
 
 def test_serve_config_v2_is_the_serve_config_of_the_derived_settings() -> None:
     settings = eks()
-    rayservice = render_manifests(settings)[1]
+    rayservice = rayservice_of(render_manifests(settings))
     assert yaml.safe_load(rayservice["spec"]["serveConfigV2"]) == serve_config(kubernetes_settings(settings))
 
 
 def test_efa_pools_request_efa_and_a_gpu_and_move_kv_over_libfabric() -> None:
-    rayservice = render_manifests(eks())[1]
+    rayservice = rayservice_of(render_manifests(eks()))
     args = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"][0]["args"]
     assert args["kv"]["backends"] == ["LIBFABRIC"]
     assert args["kv"]["buffer_device"] == "cpu"  # a g6's EFA cannot read the L4's memory in place
@@ -146,14 +158,16 @@ def test_efa_pools_request_efa_and_a_gpu_and_move_kv_over_libfabric() -> None:
         assert resources["limits"] == resources["requests"] == {
             "cpu": "24", "memory": "96Gi", "nvidia.com/gpu": 1, "vpc.amazonaws.com/efa": 1}
         assert env(group)["FI_PROVIDER"] == "efa"
-        # IPC_LOCK is not effective for the image's non-root user: the nodes lift memlock (eksctl.py)
-        assert "securityContext" not in container(group)
+        # IPC_LOCK is not effective for the image's non-root user: the nodes lift memlock (eksctl.py); EFA needs
+        # no privilege either
+        assert container(group)["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert "privileged" not in container(group)["securityContext"]
         toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
         assert toleration in group["template"]["spec"]["tolerations"]
 
 
 def test_pools_without_efa_keep_ucx_and_set_no_libfabric_provider() -> None:
-    rayservice = render_manifests(defaults())[1]
+    rayservice = rayservice_of(render_manifests(defaults()))
     args = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"][0]["args"]
     assert "kv" not in args  # the default backends, UCX
     for role in ("prefill", "decode"):
@@ -165,7 +179,7 @@ def test_pools_without_efa_keep_ucx_and_set_no_libfabric_provider() -> None:
 
 def test_each_pool_lands_on_its_own_group_by_custom_resource_and_node_selector() -> None:
     settings = eks()
-    rayservice = render_manifests(settings)[1]
+    rayservice = rayservice_of(render_manifests(settings))
     args = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"][0]["args"]
     groups = ray_groups(rayservice)
     for role in ("prefill", "decode"):
@@ -173,7 +187,7 @@ def test_each_pool_lands_on_its_own_group_by_custom_resource_and_node_selector()
         assert args[role]["placement"]["resources"] == {role: 1.0}
         assert groups[role]["replicas"] == groups[role]["minReplicas"] == groups[role]["maxReplicas"] == 1
         assert groups[role]["template"]["spec"]["nodeSelector"] == {"node.kubernetes.io/instance-type": "g6.8xlarge"}
-    assert groups["head"]["rayStartParams"] == {"num-gpus": "0", "resources": '"{\\"head\\": 1}"'}
+    assert groups["head"]["rayStartParams"] == {**PINNED_RAY_PORTS, "num-gpus": "0", "resources": '"{\\"head\\": 1}"'}
     assert groups["head"]["template"]["spec"]["nodeSelector"] == {"pdserve.io/node-role": "system"}
     assert args["ray"]["gateway_resources"] == {"head": 1.0} and args["gateway"]["host"] == "0.0.0.0"
 
@@ -189,9 +203,9 @@ def test_engines_reach_each_other_at_their_pod_ip(manifests: dict[str, dict[str,
     for role in ("prefill", "decode"):
         group = ray_groups(manifests["RayService"])[role]
         assert env(group)["VLLM_HOST_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
-        shm, _cache = group["template"]["spec"]["volumes"]
+        _tmp, shm, _cache = group["template"]["spec"]["volumes"]
         assert shm == {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}
-        assert container(group)["volumeMounts"][0] == {"name": "dshm", "mountPath": "/dev/shm"}
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in container(group)["volumeMounts"]
 
 
 def test_engine_pods_are_ready_when_their_engine_answers_not_on_serves_proxy(
@@ -206,10 +220,10 @@ def test_engine_pods_are_ready_when_their_engine_answers_not_on_serves_proxy(
 
 
 def test_an_upgrade_never_starts_a_second_cluster_the_fixed_gpu_nodes_cannot_hold() -> None:
-    rayservice = render_manifests(eks())[1]
+    rayservice = rayservice_of(render_manifests(eks()))
     assert rayservice["spec"]["upgradeStrategy"] == {"type": "None"}
-    changed = render_manifests(load_settings(EKS_EXAMPLE, overrides={"kubernetes.image": "pdserve:0.2.0"}))[1]
-    serve_only = render_manifests(load_settings(EKS_EXAMPLE, overrides={"routing.disaggregation": "auto"}))[1]
+    changed = rayservice_of(render_manifests(load_settings(EKS_EXAMPLE, overrides={"kubernetes.image": "pdserve:0.2.0"})))
+    serve_only = rayservice_of(render_manifests(load_settings(EKS_EXAMPLE, overrides={"routing.disaggregation": "auto"})))
     hashes = [obj["metadata"]["annotations"]["pdserve.io/pods-hash"] for obj in (rayservice, changed, serve_only)]
     assert hashes[0] != hashes[1] and hashes[0] == hashes[2]  # cloud up replaces the RayService on pod changes
 
@@ -219,9 +233,9 @@ def test_with_new_cluster_upgrades_the_gateway_is_reached_through_kuberays_head_
     would select the new head as soon as it is Ready, before its engines exist."""
     settings = load_settings(EKS_EXAMPLE, overrides={"kubernetes.upgrade": "new_cluster"})
     objects = render_manifests(settings)
-    assert objects[1]["spec"]["upgradeStrategy"] == {"type": "NewCluster"}
+    assert rayservice_of(objects)["spec"]["upgradeStrategy"] == {"type": "NewCluster"}
     assert "Service" not in [obj["kind"] for obj in objects]
-    head_ports = {port["name"] for port in container(ray_groups(objects[1])["head"])["ports"]}
+    head_ports = {port["name"] for port in container(ray_groups(rayservice_of(objects))["head"])["ports"]}
     assert "openai" in head_ports  # KubeRay's head Service carries every port of the head container
 
 
@@ -247,19 +261,22 @@ def test_several_gateway_replicas_get_a_worker_group_of_their_own_behind_the_ser
 
 
 def test_engine_pods_keep_weights_and_compile_cache_on_the_node_and_may_read_a_hugging_face_token() -> None:
-    group = ray_groups(render_manifests(eks())[1])["decode"]
+    group = ray_groups(rayservice_of(render_manifests(eks())))["decode"]
     pod = group["template"]["spec"]
-    assert pod["volumes"][1] == {"name": "model-cache", "hostPath": {"path": "/var/lib/pdserve/cache",
+    assert pod["volumes"][2] == {"name": "model-cache", "hostPath": {"path": "/var/lib/pdserve/cache",
                                                                      "type": "DirectoryOrCreate"}}
     assert env(group)["HF_HOME"] == "/mnt/pdserve-cache/huggingface"
-    args = yaml.safe_load(render_manifests(eks())[1]["spec"]["serveConfigV2"])["applications"][0]["args"]
+    args = yaml.safe_load(rayservice_of(render_manifests(eks()))["spec"]["serveConfigV2"])["applications"][0]["args"]
     assert args["launch"]["cache_dir"] == "/mnt/pdserve-cache/vllm"  # vLLM's compiled model, beside the weights
     (owner,) = pod["initContainers"]
-    assert owner["command"] == ["chown", "1000:100", "/mnt/pdserve-cache"] and owner["securityContext"] == {"runAsUser": 0}
+    # the image's user alone: 0700, and the init container is root with the two capabilities that takes only
+    assert owner["command"] == ["sh", "-c", "chown 1000:100 /mnt/pdserve-cache && chmod 0700 /mnt/pdserve-cache"]
+    assert owner["securityContext"]["runAsUser"] == 0
+    assert owner["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "FOWNER"]}
     assert env(group)["HF_TOKEN"] == {"secretKeyRef": {"name": "pdserve-hf-token", "key": "token", "optional": True}}
     settings = eks()
     uncached = settings.model_copy(update={"kubernetes": settings.kubernetes.model_copy(update={"model_cache_path": ""})})
-    bare = ray_groups(render_manifests(uncached)[1])
+    bare = ray_groups(rayservice_of(render_manifests(uncached)))
     assert "initContainers" not in bare["decode"]["template"]["spec"] and "HF_HOME" not in env(bare["decode"])
 
 
@@ -272,14 +289,106 @@ def test_every_ray_container_carries_the_cluster_token(manifests: dict[str, dict
     assert auth == {"mode": "token", "secretName": "pdserve-ray-token"}
 
 
-def test_the_gateway_reads_its_access_keys_from_an_optional_secret(manifests: dict[str, dict[str, Any]]) -> None:
+def secret_refs(group: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The container's variables that come from a Secret, by name."""
+    return {name: value["secretKeyRef"] for name, value in env(group).items()
+            if isinstance(value, dict) and "secretKeyRef" in value}
+
+
+def test_the_pods_require_their_secrets_and_only_the_hugging_face_token_is_optional(
+    manifests: dict[str, dict[str, Any]],
+) -> None:
+    """A missing Secret keeps the pod from starting (CreateContainerConfigError) rather than starting it open."""
     groups = ray_groups(manifests["RayService"])
-    keys = {name: value for name, value in env(groups["head"]).items() if name.startswith("PDSERVE_")}
-    assert keys == {
-        "PDSERVE_API_KEYS": {"secretKeyRef": {"name": "pdserve-api-keys", "key": "api_keys", "optional": True}},
-        "PDSERVE_ADMIN_KEY": {"secretKeyRef": {"name": "pdserve-api-keys", "key": "admin_key", "optional": True}},
+    assert secret_refs(groups["head"]) == {
+        "RAY_AUTH_TOKEN": {"name": "pdserve-ray-token", "key": "auth_token"},
+        "PDSERVE_API_KEYS": {"name": "pdserve-api-keys", "key": "api_keys"},
+        "PDSERVE_ADMIN_KEY": {"name": "pdserve-api-keys", "key": "admin_key"},
+        "PDSERVE_ENGINE_KEY": {"name": "pdserve-engine-key", "key": "engine_key"},
     }
-    assert not any(name.startswith("PDSERVE_") for name in env(groups["decode"]))  # engines need no keys
+    for role in ("prefill", "decode"):  # engines: the engine key, never the gateway's keys
+        assert secret_refs(groups[role]) == {
+            "RAY_AUTH_TOKEN": {"name": "pdserve-ray-token", "key": "auth_token"},
+            "PDSERVE_ENGINE_KEY": {"name": "pdserve-engine-key", "key": "engine_key"},
+            "HF_TOKEN": {"name": "pdserve-hf-token", "key": "token", "optional": True},
+        }
+
+
+def test_with_several_gateways_the_keys_go_to_the_gateway_pods_and_not_the_head() -> None:
+    groups = ray_groups(rayservice_of(render_manifests(load_settings(EKS_EXAMPLE, overrides={"gateway.replicas": 2}))))
+    assert set(secret_refs(groups["gateway"])) == {"RAY_AUTH_TOKEN", "PDSERVE_API_KEYS", "PDSERVE_ADMIN_KEY",
+                                                   "PDSERVE_ENGINE_KEY"}
+    assert set(secret_refs(groups["head"])) == {"RAY_AUTH_TOKEN"}
+
+
+def test_an_open_gateway_reads_keys_from_an_optional_secret_and_its_metrics_without_one() -> None:
+    """access.open: true says in words that no key is needed; the engine key stays required."""
+    objects = render_manifests(load_settings(EKS_EXAMPLE, overrides={"access.open": True}))
+    refs = secret_refs(ray_groups(rayservice_of(objects))["head"])
+    assert refs["PDSERVE_API_KEYS"]["optional"] is True and refs["PDSERVE_ADMIN_KEY"]["optional"] is True
+    assert "optional" not in refs["PDSERVE_ENGINE_KEY"]
+    monitors = {obj["metadata"]["name"]: obj for obj in objects if obj["kind"] == "PodMonitor"}
+    assert "authorization" not in monitors["pdserve-gateway"]["spec"]["podMetricsEndpoints"][0]
+    assert "authorization" in monitors["pdserve-engines"]["spec"]["podMetricsEndpoints"][0]
+
+
+def all_pod_specs(settings: Settings) -> dict[str, dict[str, Any]]:
+    """Every pod spec pdserve renders for ``settings``: each Ray group's and `cloud up`'s image check pod."""
+    groups = ray_groups(rayservice_of(render_manifests(settings)))
+    return {name: group["template"]["spec"] for name, group in groups.items()} | {
+        "image-check": image_check_pod(settings)["spec"]}
+
+
+@pytest.mark.parametrize("config", [*CONFIGS, "several-gateways"])
+def test_every_container_runs_unprivileged_with_a_read_only_root(config: str) -> None:
+    settings = (load_settings(EKS_EXAMPLE, overrides={"gateway.replicas": 2}) if config == "several-gateways"
+                else CONFIGS[config]())
+    for name, pod in all_pod_specs(settings).items():
+        assert pod["automountServiceAccountToken"] is False, name  # no pod calls the Kubernetes API
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 1000, name
+        for box in [*pod["containers"], *pod.get("initContainers", [])]:
+            security = box["securityContext"]
+            assert security["allowPrivilegeEscalation"] is False and security["readOnlyRootFilesystem"] is True, name
+            assert security["capabilities"]["drop"] == ["ALL"] and "privileged" not in security, name
+            is_root = security.get("runAsUser") == 0
+            assert is_root == (box["name"] == "cache-owner"), name  # root only to hand the node's cache over
+            assert security["capabilities"].get("add", []) == (["CHOWN", "FOWNER"] if is_root else []), name
+
+
+def written_paths(settings: Settings, box: dict[str, Any], *, is_engine: bool) -> list[str]:
+    """Where a Ray container is told to write: HOME and HF_HOME, the logs the Serve config names and, where an
+    engine runs, its compile cache."""
+    variables = {var["name"]: var.get("value") for var in box["env"]}
+    args = yaml.safe_load(rayservice_of(render_manifests(settings))["spec"]["serveConfigV2"])["applications"][0]["args"]
+    launch = args["launch"]
+    cache = [launch["cache_dir"]] if is_engine and "cache_dir" in launch else []
+    return [variables["HOME"], *([variables["HF_HOME"]] if "HF_HOME" in variables else []), launch["log_dir"], *cache]
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_every_path_a_ray_container_writes_is_on_a_volume_it_mounts(config: str) -> None:
+    """The root filesystem is read-only: HOME (~/.cache and the like), Ray's /tmp/ray, the engine logs and the
+    caches must each be on a mounted volume."""
+    settings = CONFIGS[config]()
+    for name, group in ray_groups(rayservice_of(render_manifests(settings))).items():
+        box = container(group)
+        mounts = [mount["mountPath"] for mount in box["volumeMounts"]]
+        for path in [*written_paths(settings, box, is_engine=name in {"prefill", "decode"}), "/tmp/ray"]:
+            assert any(Path(path).is_relative_to(mount) for mount in mounts), (name, path)
+        volumes = {volume["name"] for volume in group["template"]["spec"]["volumes"]}
+        assert {mount["name"] for mount in box["volumeMounts"]} <= volumes, name
+
+
+def test_a_log_or_cache_dir_on_the_read_only_root_is_a_config_error() -> None:
+    for field in ("launch.log_dir", "launch.cache_dir"):
+        with pytest.raises(ConfigError, match=field.replace(".", r"\.") + ": /var/log/pdserve is on the pods' read-only"):
+            render_manifests(load_settings(EKS_EXAMPLE, overrides={field: "/var/log/pdserve"}))
+    render_manifests(load_settings(EKS_EXAMPLE, overrides={"launch.log_dir": "/tmp/engines"}))
+
+
+def test_the_default_image_is_this_release_never_latest() -> None:
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert KubernetesSpec().image == f"pdserve:{version}"
 
 
 def test_a_gateway_port_ray_uses_on_the_head_is_a_config_error() -> None:
@@ -308,28 +417,48 @@ def test_render_yaml_matches_the_golden_file() -> None:
 
 def test_write_manifests_writes_one_file_per_object_in_apply_order(tmp_path: Path) -> None:
     paths = write_manifests(eks(), tmp_path / "out")
-    assert [path.name for path in paths] == ["00-namespace.yaml", "10-rayservice.yaml", "20-service.yaml",
-                                              "30-podmonitor.yaml", "40-podmonitor.yaml", "50-configmap.yaml"]
-    assert [yaml.safe_load(path.read_text()) for path in paths] == render_manifests(eks())
+    assert [path.name for path in paths] == ["00-namespace.yaml", *["10-networkpolicies.yaml"] * 7,
+                                              "20-rayservice.yaml", "30-service.yaml", "40-podmonitor.yaml",
+                                              "50-podmonitor.yaml", "60-configmap.yaml"]
+    files = sorted(set(paths))
+    assert [obj for path in files for obj in yaml.safe_load_all(path.read_text())] == render_manifests(eks())
+    assert files[0].read_text().startswith(secrets_comment(eks()))
 
 
 def test_no_pod_monitor_or_dashboard_when_turned_off() -> None:
     settings = load_settings(EKS_EXAMPLE, overrides={"kubernetes.pod_monitor": False,
                                                      "kubernetes.grafana_dashboard": False})
-    assert [obj["kind"] for obj in render_manifests(settings)] == ["Namespace", "RayService", "Service"]
+    assert [obj["kind"] for obj in render_manifests(settings)] == ["Namespace", *["NetworkPolicy"] * 7,
+                                                                    "RayService", "Service"]
 
 
 def test_render_k8s_writes_files_and_prints_kubectl_style_lines(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["render", "k8s", "--config", str(EKS_EXAMPLE), "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
+    policies = [f"networkpolicy.networking.k8s.io/pdserve-{name} rendered to {tmp_path}/10-networkpolicies.yaml"
+                for name in ("default-deny", "gateway", "head", "ray", "prefill", "decode", "kv")]
     assert result.output.splitlines() == [
         f"namespace/pdserve rendered to {tmp_path}/00-namespace.yaml",
-        f"rayservice.ray.io/pdserve rendered to {tmp_path}/10-rayservice.yaml",
-        f"service/pdserve-gateway rendered to {tmp_path}/20-service.yaml",
-        f"podmonitor.monitoring.coreos.com/pdserve-gateway rendered to {tmp_path}/30-podmonitor.yaml",
-        f"podmonitor.monitoring.coreos.com/pdserve-engines rendered to {tmp_path}/40-podmonitor.yaml",
-        f"configmap/pdserve-grafana-dashboard rendered to {tmp_path}/50-configmap.yaml",
+        *policies,
+        f"rayservice.ray.io/pdserve rendered to {tmp_path}/20-rayservice.yaml",
+        f"service/pdserve-gateway rendered to {tmp_path}/30-service.yaml",
+        f"podmonitor.monitoring.coreos.com/pdserve-gateway rendered to {tmp_path}/40-podmonitor.yaml",
+        f"podmonitor.monitoring.coreos.com/pdserve-engines rendered to {tmp_path}/50-podmonitor.yaml",
+        f"configmap/pdserve-grafana-dashboard rendered to {tmp_path}/60-configmap.yaml",
+        *secrets_note(eks()),
     ]
+
+
+def test_render_k8s_names_each_required_secret_and_the_command_that_makes_it() -> None:
+    rendered = render_yaml(eks())
+    comment = rendered[:rendered.index("apiVersion")]
+    for name, keys in (("pdserve-ray-token", ["auth_token"]), ("pdserve-engine-key", ["engine_key"]),
+                       ("pdserve-api-keys", ["api_keys", "admin_key"])):
+        (command,) = [line for line in comment.splitlines() if f"create secret generic {name} " in line]
+        assert command.startswith("#     kubectl -n pdserve create secret generic")
+        assert [literal.split("=")[0] for literal in command.split("--from-literal=")[1:]] == keys
+    opened = render_yaml(load_settings(EKS_EXAMPLE, overrides={"access.open": True}))
+    assert "pdserve-api-keys" not in opened[:opened.index("apiVersion")]
 
 
 def test_render_k8s_without_out_prints_the_yaml_stream() -> None:
@@ -345,3 +474,25 @@ def test_render_k8s_with_a_clashing_port_exits_2_naming_the_field() -> None:
 def test_render_serve_prints_the_serve_config() -> None:
     result = CliRunner().invoke(app, ["render", "serve", "--config", str(EKS_EXAMPLE)])
     assert result.exit_code == 0 and yaml.safe_load(result.output) == serve_config(eks())
+
+
+def documented_ingress() -> dict[str, Any]:
+    """The Ingress docs/deploy.md ("TLS") gives for terminating TLS at an ALB."""
+    text = (REPO / "docs" / "deploy.md").read_text().split("**On Kubernetes, at an Ingress.**", 1)[1]
+    ingress: dict[str, Any] = yaml.safe_load(text.split("```yaml\n", 1)[1].split("```", 1)[0])
+    return ingress
+
+
+def test_the_documented_tls_ingress_is_valid_and_reaches_the_rendered_gateway_service() -> None:
+    ingress = documented_ingress()
+    kubernetes_validate.validate(ingress, eks().eks.kubernetes_version + ".0", strict=True)
+    service = next(obj for obj in render_manifests(eks()) if obj["kind"] == "Service")
+    assert ingress["metadata"]["namespace"] == service["metadata"]["namespace"]
+    (path,) = ingress["spec"]["rules"][0]["http"]["paths"]
+    assert path["backend"]["service"] == {"name": service["metadata"]["name"],
+                                          "port": {"name": service["spec"]["ports"][0]["name"]}}
+    annotations = ingress["metadata"]["annotations"]
+    assert json.loads(annotations["alb.ingress.kubernetes.io/listen-ports"]) == [{"HTTPS": 443}]  # HTTPS only
+    assert annotations["alb.ingress.kubernetes.io/target-type"] == "ip"  # a ClusterIP Service has no node port
+    # the ALB's health check needs no key: /health/ready answers anyone (gateway/app.py)
+    assert annotations["alb.ingress.kubernetes.io/healthcheck-path"] == "/health/ready"

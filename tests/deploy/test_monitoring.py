@@ -4,18 +4,23 @@ RayService makes, and carry the dashboard as shipped."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
 import pytest
+import yaml
 
 from pdserve.config import Settings, load_settings
 from pdserve.deploy.k8s import render_manifests
 from pdserve.deploy.monitoring import dashboard_json
 from pdserve.role import Role
-from tests.deploy.test_k8s import CONFIGS, container, eks, ray_groups
+from tests.deploy.test_k8s import CONFIGS, container, eks, pruned_fields, ray_groups
 
 MONITORING_API = "monitoring.coreos.com/v1"
+# The Prometheus Operator's PodMonitor CRD, vendored with its commit in the file's first lines.
+POD_MONITOR_CRD = Path(__file__).parent / "schemas" / "monitoring.coreos.com_podmonitors.yaml"
 
 
 @pytest.fixture(params=sorted(CONFIGS))
@@ -74,7 +79,7 @@ def test_dashboard_config_map_carries_the_dashboard_for_grafanas_sidecar(objects
 def test_dashboard_alone_can_be_turned_off() -> None:
     settings = load_settings(None, overrides={"gateway.port": 9000, "kubernetes.grafana_dashboard": False})
     kinds = [obj["kind"] for obj in render_manifests(settings)]
-    assert kinds == ["Namespace", "RayService", "Service", "PodMonitor", "PodMonitor"]
+    assert kinds == ["Namespace", *["NetworkPolicy"] * 7, "RayService", "Service", "PodMonitor", "PodMonitor"]
 
 
 def test_pod_monitors_carry_the_label_a_default_kube_prometheus_stack_selects_on(
@@ -86,3 +91,30 @@ def test_pod_monitors_carry_the_label_a_default_kube_prometheus_stack_selects_on
     mine = load_settings(None, overrides={"gateway.port": 9000, "kubernetes.monitor_labels": {"release": "monitoring"}})
     monitors = [obj for obj in render_manifests(mine) if obj["kind"] == "PodMonitor"]
     assert [monitor["metadata"]["labels"]["release"] for monitor in monitors] == ["monitoring", "monitoring"]
+
+
+def pod_monitor_schema() -> dict[str, Any]:
+    crd = yaml.safe_load(POD_MONITOR_CRD.read_text())
+    (v1,) = [version for version in crd["spec"]["versions"] if version["name"] == "v1"]
+    schema: dict[str, Any] = v1["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def test_each_pod_monitor_scrapes_with_the_key_its_metrics_require(objects: dict[str, dict[str, Any]]) -> None:
+    """With keys on, the gateway's /metrics answers the admin key only, an engine's the engine key only; the
+    Prometheus Operator reads each from a Secret of the PodMonitor's namespace, as its CRD's schema has it."""
+    schema = pod_monitor_schema()
+    for name in ("PodMonitor/pdserve-gateway", "PodMonitor/pdserve-engines"):
+        jsonschema.validate(objects[name], schema, cls=jsonschema.Draft7Validator)
+        assert pruned_fields(objects[name], schema) == [], name  # nothing the API server would silently drop
+    (gateway,) = objects["PodMonitor/pdserve-gateway"]["spec"]["podMetricsEndpoints"]
+    (engines,) = objects["PodMonitor/pdserve-engines"]["spec"]["podMetricsEndpoints"]
+    assert gateway["authorization"] == {"type": "Bearer", "credentials": {"name": "pdserve-api-keys", "key": "admin_key"}}
+    assert engines["authorization"] == {"type": "Bearer",
+                                        "credentials": {"name": "pdserve-engine-key", "key": "engine_key"}}
+    secrets = {"Secret/" + ref["secretKeyRef"]["name"] + "/" + ref["secretKeyRef"]["key"]
+               for group in ray_groups(objects["RayService/pdserve"]).values()
+               for ref in (var.get("valueFrom", {}) for var in container(group)["env"]) if "secretKeyRef" in ref}
+    for endpoint in (gateway, engines):  # the very keys the pods are given
+        credentials = endpoint["authorization"]["credentials"]
+        assert f"Secret/{credentials['name']}/{credentials['key']}" in secrets

@@ -14,6 +14,7 @@ from pdserve.config import Settings, parse_settings
 from pdserve.deploy.eks import plan_up
 from pdserve.deploy.eksctl import unresolved_zones
 from pdserve.deploy.k8s import render_manifests
+from pdserve.deploy.k8s_secrets import NewSecrets
 from pdserve.deploy.refusals import cluster_refusals
 from pdserve.errors import ConfigError
 
@@ -41,7 +42,7 @@ def cloud_up_refusal(tree: dict[str, Any]) -> str:
     """The message `cloud up` (its plan, as --dry-run builds it) stops with."""
     config = settings(tree)
     with pytest.raises(ConfigError) as refusal:
-        plan_up(config, zones=unresolved_zones(config.eks), ray_token="")
+        plan_up(config, zones=unresolved_zones(config.eks), secrets=NewSecrets.generate())
     return str(refusal.value)
 
 

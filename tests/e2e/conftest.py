@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -18,9 +19,13 @@ import httpx
 import pytest
 import yaml
 
+from pdserve_vllm import ENGINE_KEY_ENV
 from tests.conftest import free_port_block
 
 READY_TIMEOUT_S = 900.0
+# Every `pdserve up` here is given this engine key, as a user gives PDSERVE_ENGINE_KEY; the tests send it to engines.
+ENGINE_KEY = secrets.token_urlsafe(32)
+ENGINE_HEADERS = {"Authorization": f"Bearer {ENGINE_KEY}"}
 
 
 @dataclass
@@ -62,7 +67,7 @@ def start_stack(workdir: Path, *, sections: dict[str, dict[str, Any]]) -> Stack:
     process = subprocess.Popen(
         [sys.executable, "-m", "pdserve", "up", "--config", str(workdir / "pdserve.yaml")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=workdir,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", ENGINE_KEY_ENV: ENGINE_KEY},
     )
     output = _wait_for_ready(process)
     pids = [int(pid) for pid in re.findall(r"started\s+pid (\d+)", "".join(output))]

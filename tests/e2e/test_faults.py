@@ -25,7 +25,7 @@ from pdserve.demo.corpus import MAX_CONTEXT_TOKENS
 from pdserve.engine_config import DEMO_MODEL_NAME
 from pdserve.pd import decode, prefill
 from pdserve.pd.kv import KVTransferParams
-from tests.e2e.conftest import Stack, start_stack, stop_stack
+from tests.e2e.conftest import ENGINE_HEADERS, Stack, start_stack, stop_stack
 from tests.e2e.test_serving import engine_metric
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults]
@@ -299,20 +299,23 @@ def test_a_stalled_decode_engine_sigstop_its_streams_go_on_from_the_other(stack:
 def test_a_decode_engine_whose_kv_pull_fails_recomputes_the_prompt_and_answers(stack: Stack) -> None:
     urls, prefill_url = engine_urls(stack), stack.engine_urls["prefill"]
     body = {"model": DEMO_MODEL_NAME, "prompt": PROMPT, "max_tokens": 16, "temperature": 0, "ignore_eos": True}
-    local = httpx.post(urls[1] + "/v1/completions", json=body, timeout=120).json()["choices"][0]["text"]
-    handoff = httpx.post(prefill_url + "/v1/completions", timeout=120,
+    local = httpx.post(urls[1] + "/v1/completions", json=body, headers=ENGINE_HEADERS,
+                       timeout=120).json()["choices"][0]["text"]
+    handoff = httpx.post(prefill_url + "/v1/completions", headers=ENGINE_HEADERS, timeout=120,
                          json=prefill.make_body(body, connector="NixlConnector")).json()["kv_transfer_params"]
     with socket.socket() as closed:  # a side channel nothing listens on: the pull cannot even handshake
         closed.bind(("127.0.0.1", 0))
         dead_port = closed.getsockname()[1]
     unreachable = {**handoff, "remote_engine_id": "gone-prefill-engine", "remote_port": dead_port}
 
-    reply = httpx.post(urls[1] + "/v1/completions", json={**body, "kv_transfer_params": unreachable}, timeout=120)
+    reply = httpx.post(urls[1] + "/v1/completions", json={**body, "kv_transfer_params": unreachable},
+                       headers=ENGINE_HEADERS, timeout=120)
 
     assert reply.status_code == 200, reply.text
     assert reply.json()["choices"][0]["text"] == local  # recomputed on the decode engine: the same greedy text
     held = KVTransferParams(fields=handoff, prompt_tokens=0)
-    httpx.post(urls[1] + "/v1/completions", json=decode.make_release_body(held), timeout=30)  # the real blocks
+    httpx.post(urls[1] + "/v1/completions", json=decode.make_release_body(held), headers=ENGINE_HEADERS,
+               timeout=30)  # the real blocks
     seconds_until_kv_idle(urls)
 
 

@@ -24,11 +24,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from pdserve.engine_config import DEMO_MODEL_NAME
+from pdserve.engine_key import EngineKey
 from pdserve.gateway.app import build_app
 from pdserve.gateway_address import GatewayTarget
 from pdserve.status import fetch_rows, format_rows
 from tests.conftest import free_port, serving
-from tests.e2e.conftest import Stack, start_stack, stop_stack
+from tests.e2e.conftest import ENGINE_KEY, Stack, start_stack, stop_stack
 from tests.gateway.test_app import gateway_settings, until_ready
 from tests.gateway.test_faults import metrics_of
 
@@ -44,11 +45,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 def unreachable_side_channel(prefill_url: str, dead_port: int) -> Starlette:
-    """The prefill engine, but its handoffs name a side channel nobody listens on."""
+    """The prefill engine, but its handoffs name a side channel nobody listens on; the gateway's engine key is
+    passed on."""
     async def forward(request: Request) -> Response:
+        headers = {"content-type": "application/json", "authorization": request.headers.get("authorization", "")}
         async with httpx.AsyncClient(timeout=300) as client:
             reply = await client.request(request.method, prefill_url + request.url.path,
-                                         content=await request.body(), headers={"content-type": "application/json"})
+                                         content=await request.body(), headers=headers)
         if request.method == "POST" and reply.status_code == 200:
             body = reply.json()
             if isinstance(body.get("kv_transfer_params"), dict):
@@ -66,7 +69,7 @@ def unreachable_side_channel(prefill_url: str, dead_port: int) -> Starlette:
 async def gateway_with_a_broken_pull(stack: Stack) -> AsyncIterator[str]:
     async with serving(unreachable_side_channel(stack.engine_urls["prefill"], free_port()), free_port()) as prefill:
         settings = gateway_settings(prefill=[prefill], decode=[stack.engine_urls["decode"]], eject_after_failures=3)
-        async with serving(build_app(settings), settings.gateway.port) as base:
+        async with serving(build_app(settings, engine_key=EngineKey(ENGINE_KEY)), settings.gateway.port) as base:
             await until_ready(base, timeout_s=300)
             yield base
 

@@ -8,6 +8,7 @@ Made and torn down here; skipped, with the reason, where namespaces cannot be ma
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -25,6 +26,8 @@ from tests import netbed
 from tests.conftest import metric
 from tests.netbed_pd import (
     EJECT_FOR_S,
+    ENGINE_HEADERS,
+    HOST_ENV,
     KV_PULL_TIMEOUT_S,
     LINK_TIMEOUT_S,
     PROMPT,
@@ -76,7 +79,7 @@ def test_verify_across_hosts_names_the_interface_and_fails_a_1_gbit_link(deploym
         out = subprocess.run(decode.argv(sys.executable, "-m", "pdserve", "verify", "--config", str(config),
                                          "--gateway-url", deployment.gateway_url, "--json", "--probes", "2",
                                          "--min-fraction", "0.15"),
-                             check=False, capture_output=True, text=True, timeout=600)
+                             env={**os.environ, **HOST_ENV}, check=False, capture_output=True, text=True, timeout=600)
         return out.returncode, json.loads(out.stdout or "[]"), out.stderr
 
     code, unlimited, stderr = verify()
@@ -267,7 +270,7 @@ def test_a_prefill_engine_restarted_at_its_address_is_a_new_nixl_engine_and_pull
 def live_kv(deployment: Deployment) -> dict[str, Any]:
     """The live page's state once the gateway has read every KV transfer the decode engine counts."""
     def engine_transfers() -> float:
-        text = httpx.get(deployment.url("decode") + "/metrics", timeout=30).text
+        text = httpx.get(deployment.url("decode") + "/metrics", headers=ENGINE_HEADERS, timeout=30).text
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith("vllm:nixl_xfer_time_seconds_count"))
 
@@ -311,10 +314,10 @@ def pd_record(deployment: Deployment, prefix: str) -> dict[str, Any]:
 def nixl_engine_id(deployment: Deployment) -> str:
     """The prefill engine's NIXL engine id, from a prefill leg sent to it directly; its handoff given back."""
     body = {"model": DEMO_MODEL_NAME, "prompt": PROMPT, "max_tokens": 4, "temperature": 0}
-    handoff = httpx.post(deployment.url("prefill") + "/v1/completions", timeout=120,
+    handoff = httpx.post(deployment.url("prefill") + "/v1/completions", headers=ENGINE_HEADERS, timeout=120,
                          json=prefill.make_body(body, connector="NixlConnector")).json()["kv_transfer_params"]
     release = decode.make_release_body(KVTransferParams(fields=handoff, prompt_tokens=0))
-    httpx.post(deployment.url("decode") + "/v1/completions", json=release, timeout=120)
+    httpx.post(deployment.url("decode") + "/v1/completions", json=release, headers=ENGINE_HEADERS, timeout=120)
     engine_id: str = handoff["remote_engine_id"]
     return engine_id
 
@@ -328,7 +331,8 @@ def legs_open(deployment: Deployment, role: str) -> int:
 
 def engine_running(deployment: Deployment, role: str) -> float:
     """Requests the bed's ``role`` engine is running, by its own count (vLLM's ``vllm:num_requests_running``)."""
-    return metric(httpx.get(deployment.url(role) + "/metrics", timeout=30).text, "vllm:num_requests_running")
+    return metric(httpx.get(deployment.url(role) + "/metrics", headers=ENGINE_HEADERS, timeout=30).text,
+                  "vllm:num_requests_running")
 
 
 def gateway_metric(deployment: Deployment, series: str) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -29,13 +30,16 @@ import pytest
 import yaml
 
 from pdserve.engine_config import DEMO_MODEL_NAME
+from pdserve_vllm import ENGINE_KEY_ENV
 from tests.conftest import free_port
-from tests.e2e.ray_cluster import LocalCluster, Node, local_cluster
+from tests.e2e.ray_cluster import LocalCluster, Node, listener_pid, local_cluster
 
 pytestmark = pytest.mark.e2e
 EXAMPLE = Path(__file__).parents[2] / "examples" / "ray-cpu.yaml"
 HEAD, PREFILL_NODE, DECODE_NODE, GATEWAY_NODE = "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"
 DEPLOY_TIMEOUT_S = 1500.0
+# Given to every node, as KubeRay's pods get it from a Secret: the engines require it, the gateways send it.
+ENGINE_KEY = secrets.token_urlsafe(32)
 PROMPTS = ["Hello", "The os module", "The module provides functions for reading and writing files. " * 6 + "So it"]
 
 
@@ -59,10 +63,12 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     workdir = tmp_path_factory.mktemp("ray")
     nodes = [Node(PREFILL_NODE, {"prefill": 1}, cpus=1), Node(DECODE_NODE, {"decode": 2}, cpus=2),
              Node(GATEWAY_NODE, {"gateway": 1}, cpus=1)]
-    with local_cluster(Node(HEAD, {"head": 1, "gateway": 1}, cpus=1), nodes, temp_dir=workdir / "ray") as cluster:
+    with local_cluster(Node(HEAD, {"head": 1, "gateway": 1}, cpus=1), nodes, temp_dir=workdir / "ray",
+                       node_env={ENGINE_KEY_ENV: ENGINE_KEY}) as cluster:
         config = yaml.safe_load(EXAMPLE.read_text())
         port = free_port()
         config["gateway"] = {"host": "node", "port": port, "replicas": 2}  # each on its node's address
+        config["access"] = {"open": True}  # not loopback, no key: this bed's gateways serve anyone on it
         config["ray"] |= {"address": cluster.dashboard_url, "gateway_resources": {"gateway": 1}}
         config["launch"] = {"log_dir": str(workdir / "logs")}
         # One core each on this 2-core machine; on real nodes an engine takes all of its node's.
@@ -87,16 +93,6 @@ def gateway_engines(deployed: Deployment, *, gateway_url: str = "") -> dict[str,
     health = httpx.get((gateway_url or deployed.gateway_url) + "/health", timeout=10).json()
     return {role: [engine["url"] for engine in engines if engine["is_healthy"]]
             for role, engines in health["engines"].items()}
-
-
-def listener_pid(url: str) -> int:
-    """The process listening on ``url``'s address and port."""
-    parts = urlsplit(url)
-    for connection in psutil.net_connections("tcp"):
-        if (connection.status == psutil.CONN_LISTEN and connection.laddr.ip == parts.hostname
-                and connection.laddr.port == parts.port and connection.pid):
-            return connection.pid
-    raise AssertionError(f"nothing listens on {parts.hostname}:{parts.port}")
 
 
 def complete_greedy(deployed: Deployment, prompt: str, *, headers: dict[str, str] | None = None) -> list[int]:
@@ -211,7 +207,8 @@ def test_redeploy_with_two_decode_replicas_spreads_requests(deployment: Deployme
 def decode_requests(url: str) -> float:
     """Requests the engine finished, from its own Prometheus counter."""
     total = 0.0
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+    metrics = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {ENGINE_KEY}"}, timeout=10)
+    for line in metrics.text.splitlines():
         if line.startswith("vllm:request_success_total{"):
             total += float(line.rsplit(" ", 1)[1])
     return total

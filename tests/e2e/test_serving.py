@@ -23,7 +23,8 @@ import pytest
 
 from pdserve.engine_config import DEMO_MODEL_NAME
 from pdserve.engines.cpu_affinity import parse_cpu_list
-from tests.e2e.conftest import Stack, usage_as_compared
+from pdserve_vllm import ENGINE_KEY_ENV
+from tests.e2e.conftest import ENGINE_HEADERS, ENGINE_KEY, Stack, usage_as_compared
 
 pytestmark = pytest.mark.e2e
 # The gateway's count of streamed completions whose first token was the prefill engine's (pdserve_first_tokens).
@@ -44,9 +45,9 @@ def client(stack: Stack) -> openai.OpenAI:
 
 def engine_metric(url: str, name: str, **labels: str) -> float:
     """Sum of a Prometheus metric's samples on an engine, filtered by labels (a sample with none
-    matches only when no labels are asked for)."""
+    matches only when no labels are asked for). Engines answer it only to the engine key, which it sends."""
     total = 0.0
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+    for line in httpx.get(url + "/metrics", headers=ENGINE_HEADERS, timeout=10).text.splitlines():
         if line.startswith((name + "{", name + " ")) and all(f'{key}="{value}"' in line for key, value in labels.items()):
             total += float(line.rsplit(" ", 1)[1])
     return total
@@ -76,11 +77,27 @@ def test_openai_client_chat_and_completion_plain_and_streamed(stack: Stack) -> N
 def test_models_lists_the_engines_card_whose_root_holds_the_tokenizer(stack: Stack) -> None:
     """As from vLLM: load tools (`vllm bench serve`, AIPerf) find the tokenizer through ``root``."""
     (card,) = httpx.get(stack.base_url + "/v1/models", timeout=30).json()["data"]
-    (engine_card,) = httpx.get(stack.engine_urls["decode"] + "/v1/models", timeout=30).json()["data"]
+    (engine_card,) = httpx.get(stack.engine_urls["decode"] + "/v1/models", headers=ENGINE_HEADERS,
+                               timeout=30).json()["data"]
     fields = ("id", "object", "owned_by", "root", "max_model_len")
     assert {key: card[key] for key in fields} == {key: engine_card[key] for key in fields}
     assert card["id"] == DEMO_MODEL_NAME and card["max_model_len"] == 2048
     assert (Path(card["root"]) / "tokenizer.json").is_file()
+
+
+def test_engines_answer_only_the_engine_key_while_the_gateway_serves(stack: Stack) -> None:
+    """The engines `pdserve up` launched refuse a request without the deployment's key, or with another, on the
+    OpenAI routes and /metrics alike; /health stays open to probes; the key is in no engine's argv."""
+    body = {"model": DEMO_MODEL_NAME, "prompt": "The file", "max_tokens": 2}
+    wrong = {"Authorization": "Bearer not-the-engine-key-0123456789"}
+    for url in stack.engine_urls.values():
+        for headers in ({}, wrong):
+            assert httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=60).status_code == 401
+            assert httpx.get(url + "/metrics", headers=headers, timeout=10).status_code == 401
+        assert httpx.get(url + "/health", timeout=10).status_code == 200
+        assert httpx.post(url + "/v1/completions", json=body, headers=ENGINE_HEADERS, timeout=60).status_code == 200
+    assert httpx.post(stack.base_url + "/v1/completions", json=body, timeout=60).status_code == 200
+    assert not any(ENGINE_KEY in " ".join(psutil.Process(pid).cmdline()) for pid in stack.engine_pids)
 
 
 def test_pd_output_is_token_identical_to_local_and_kv_arrives_over_nixl(stack: Stack) -> None:
@@ -195,8 +212,10 @@ def test_bad_input_gets_openai_error_and_serving_continues(stack: Stack, body: o
 
 
 def run_verify(stack: Stack, *flags: str) -> subprocess.CompletedProcess[str]:
+    """`pdserve verify` as the user who gave `pdserve up` its engine key runs it: with the same key."""
     command = [sys.executable, "-m", "pdserve", "verify", "--config", str(stack.config_path), *flags]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=stack.config_path.parent, check=False)
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=stack.config_path.parent,
+                          env={**os.environ, ENGINE_KEY_ENV: ENGINE_KEY}, check=False)
 
 
 def test_verify_reports_backend_transports_and_bandwidth_of_the_demo(stack: Stack) -> None:

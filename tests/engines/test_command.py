@@ -1,16 +1,19 @@
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
 from typing import Any
 
 import pytest
 
 from pdserve.config import parse_settings
-from pdserve.engines.command import EngineCommand, build_engine_command, split_cpus
+from pdserve.engine_key import EngineKey
+from pdserve.engines.command import EngineCommand, build_engine_command, engine_environ, split_cpus
 from pdserve.engines.kv_link import HostLink
 from pdserve.engines.model_layout import Layout, ModelLayout
 from pdserve.errors import ConfigError
-from pdserve_vllm import FIRST_TOKEN_PROCESSOR, PROGRESS_DELAY_ENV
+from pdserve_vllm import ENGINE_KEY_ENV, FIRST_TOKEN_PROCESSOR, PROGRESS_DELAY_ENV
 
 NO_RDMA = HostLink()
 
@@ -70,7 +73,8 @@ def test_gpu_engines_get_large_kv_blocks_unless_told_otherwise() -> None:
     assert block_sizes({"prefill": own, "decode": own}) == ["32", "32"]  # once, the user's
 
 
-def test_cpu_engines_take_vllms_connector_from_the_module_that_pauses_nixls_progress_thread() -> None:
+def test_every_engine_takes_vllms_connector_from_pdserves_module_and_cpu_engines_pause_nixls_progress_thread() -> None:
+    """The module keys the side channel (pdserve_vllm/side_channel.py) on every engine; the pause is where set."""
     def pauses(tree: dict[str, object]) -> list[tuple[str | None, str | None]]:
         return [(kv_config(command).get("kv_connector_module_path"), command.env.get(PROGRESS_DELAY_ENV))
                 for command in engine_commands(tree)]
@@ -78,8 +82,8 @@ def test_cpu_engines_take_vllms_connector_from_the_module_that_pauses_nixls_prog
     plugin = "pdserve_vllm.nixl_progress"
     assert pauses({}) == [(plugin, "100")] * 2
     gpu = {"device": "cuda", "gpu_ids": [0]}
-    assert pauses({"prefill": gpu, "decode": gpu}) == [(None, None)] * 2  # NIXL's own progress thread
-    assert pauses({"kv": {"progress_delay_us": 0}}) == [(None, None)] * 2
+    assert pauses({"prefill": gpu, "decode": gpu}) == [(plugin, None)] * 2  # NIXL's own progress thread
+    assert pauses({"kv": {"progress_delay_us": 0}}) == [(plugin, None)] * 2
     assert pauses({"prefill": gpu, "decode": gpu, "kv": {"progress_delay_us": 50}}) == [(plugin, "50")] * 2
     assert all(kv_config(command)["kv_connector"] == "NixlConnector" for command in engine_commands({}))
 
@@ -91,7 +95,8 @@ def test_a_hybrids_engines_take_the_connector_that_keeps_whole_prompts_and_mirro
     host_staged = {"device": "cuda", "gpu_ids": [0]}
     tree = {"prefill": host_staged, "decode": host_staged, "kv": {"buffer_device": "cpu"}}
     assert modules(tree, Layout.HYBRID) == ["pdserve_vllm.hybrid_connector"] * 2
-    assert modules(tree, Layout.ATTENTION) == [None, None]  # vLLM's own host buffer works for attention layers
+    # vLLM's own host buffer works for attention layers
+    assert modules(tree, Layout.ATTENTION) == ["pdserve_vllm.nixl_progress"] * 2
     assert modules({"prefill": host_staged, "decode": host_staged, "kv": {"buffer_device": "cuda"}},
                    Layout.HYBRID) == ["pdserve_vllm.hybrid_connector"] * 2
     assert modules({}, Layout.HYBRID) == ["pdserve_vllm.hybrid_connector"] * 2  # it pauses NIXL's progress too
@@ -216,3 +221,31 @@ def test_engines_load_the_first_token_processor_unless_their_args_rule_it_out() 
     assert prefill_argv[prefill_argv.index("--logits-processors") + 1] == FIRST_TOKEN_PROCESSOR
     assert "--logits-processors" not in decode_argv  # vLLM refuses custom logits processors with speculative decoding
     assert parse_settings({"decode": {"extra_args": ["--logits-processors", "m:C"]}}, source="t").decode.forces_first_token is False
+
+
+def test_the_engine_key_is_in_each_engines_env_for_pdserve_and_vllm_never_its_argv_and_no_pool_env_replaces_it() -> None:
+    key = EngineKey("engine-key-0123456789abcdef")
+    settings = parse_settings({"prefill": {"env": {"VLLM_API_KEY": "pool-key-0123456789", ENGINE_KEY_ENV: "x"}}},
+                              source="t")
+    for spec in settings.engine_specs():
+        command = build_engine_command(spec, model=settings.model, model_path="/m", kv=settings.kv,
+                                       layout=ModelLayout("/m", Layout.ATTENTION, "test"), python="py",
+                                       host="127.0.0.1", cpu_bind="0", link=NO_RDMA, engine_key=key)
+        assert command.env[ENGINE_KEY_ENV] == command.env["VLLM_API_KEY"] == key.value, spec.name
+        assert not any(key.value in arg for arg in command.argv) and key.value not in repr(command)
+
+
+def test_an_engine_inherits_no_pdserve_variable_of_its_parent_only_what_its_command_sets() -> None:
+    parent = {"PATH": "/usr/bin", "PDSERVE_API_KEYS": "client-key-0123456789", "PDSERVE_ADMIN_KEY": "admin-key-0123456",
+              "PDSERVE_GATEWAY__PORT": "9000", ENGINE_KEY_ENV: "a-parent-s-own-key-0123"}
+    command = EngineCommand(["python"], {ENGINE_KEY_ENV: "the-deployment-key-0123", "OMP_NUM_THREADS": "2"})
+    assert engine_environ(parent, command) == {"PATH": "/usr/bin", ENGINE_KEY_ENV: "the-deployment-key-0123",
+                                               "OMP_NUM_THREADS": "2"}
+
+
+def test_every_engine_requires_the_engine_key_on_every_route_and_keeps_nixl_on_its_own_interface() -> None:
+    for command in engine_commands({}) + engine_commands({"prefill": {"device": "cuda", "gpu_ids": [0]}}):
+        middleware = command.argv[command.argv.index("--middleware") + 1]
+        module_path, name = middleware.rsplit(".", 1)  # as vLLM resolves it (serve/middleware/register.py)
+        assert inspect.isclass(getattr(importlib.import_module(module_path), name))
+        assert command.env["UCX_NET_DEVICES"] == "lo"  # the engines' address, 127.0.0.1, is loopback's

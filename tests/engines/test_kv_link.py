@@ -14,11 +14,14 @@ from pdserve.engines.kv_link import (
     libfabric_env,
     libfabric_provider,
     probe_host_link,
+    transport_env,
 )
+from pdserve.errors import ConfigError
 
 GPU = PoolSpec(device="cuda", gpu_ids=[0])
 EFA_GPU = PoolSpec.model_validate({"device": "cuda", "gpu_ids": [0], "placement": {"efa_devices": 1}})
 LIBFABRIC = KVTransferSpec(backends=["LIBFABRIC"])
+HOST = (("127.0.0.1", "lo"), ("10.0.0.5", "eth0"), ("::1", "lo"))
 
 
 def fake_sys(root: Path, *, devices: dict[str, str], modules: tuple[str, ...] = ()) -> Path:
@@ -27,6 +30,7 @@ def fake_sys(root: Path, *, devices: dict[str, str], modules: tuple[str, ...] = 
         (root / "bus" / driver).mkdir(parents=True, exist_ok=True)
         (root / "class" / "infiniband" / name / "device").mkdir(parents=True)
         (root / "class" / "infiniband" / name / "device" / "driver").symlink_to(root / "bus" / driver)
+        (root / "class" / "infiniband" / name / "ports" / "1").mkdir(parents=True)
     for module in modules:
         (root / "module" / module).mkdir(parents=True)
     return root
@@ -37,10 +41,43 @@ def test_probe_finds_efa_devices_peermem_and_ucx_cuda_transports(tmp_path: Path)
                     modules=("nvidia_peermem",))
     ucx = tmp_path / "ucx"
     ucx.mkdir()
-    assert probe_host_link(root, ucx_dirs=(ucx,)) == HostLink(("rdmap16s27",), has_peermem=True, ucx_has_cuda=False)
+    assert probe_host_link(root, ucx_dirs=(ucx,), addresses=HOST) == HostLink(
+        ("rdmap16s27",), has_peermem=True, ucx_has_cuda=False, addresses=HOST, rdma_ports=("mlx5_0:1", "rdmap16s27:1"))
     (ucx / "libuct_cuda.so.0").touch()
-    bare = probe_host_link(fake_sys(tmp_path / "bare", devices={}), ucx_dirs=(ucx,))
-    assert bare == HostLink((), has_peermem=False, ucx_has_cuda=True)
+    bare = probe_host_link(fake_sys(tmp_path / "bare", devices={}), ucx_dirs=(ucx,), addresses=HOST)
+    assert bare == HostLink((), has_peermem=False, ucx_has_cuda=True, addresses=HOST)
+
+
+def test_probe_reads_this_hosts_own_addresses(tmp_path: Path) -> None:
+    assert ("127.0.0.1", "lo") in probe_host_link(fake_sys(tmp_path, devices={}), ucx_dirs=()).addresses
+
+
+def test_nixls_transports_listen_on_the_interface_of_the_engines_address_and_keep_rdma_ports() -> None:
+    assert transport_env("127.0.0.1", kv=KVTransferSpec(), pool=PoolSpec(), link=HostLink(addresses=HOST)) == {
+        "UCX_NET_DEVICES": "lo"}
+    link = HostLink(addresses=HOST, rdma_ports=("mlx5_0:1",))
+    assert transport_env("10.0.0.5", kv=KVTransferSpec(), pool=GPU, link=link) == {"UCX_NET_DEVICES": "eth0,mlx5_0:1"}
+    assert transport_env("0:0::1", kv=KVTransferSpec(), pool=GPU, link=link)["UCX_NET_DEVICES"].startswith("lo,")
+
+
+def test_libfabrics_tcp_provider_gets_the_interface_and_its_efa_provider_nothing_more() -> None:
+    both = KVTransferSpec(backends=["UCX", "LIBFABRIC"])
+    assert transport_env("10.0.0.5", kv=both, pool=GPU, link=HostLink(addresses=HOST)) == {
+        "UCX_NET_DEVICES": "eth0", "FI_TCP_IFACE": "eth0"}
+    efa = HostLink(("rdmap0",), addresses=HOST, rdma_ports=("rdmap0:1",))
+    assert transport_env("10.0.0.5", kv=LIBFABRIC, pool=EFA_GPU, link=efa) == {"UCX_NET_DEVICES": "eth0,rdmap0:1"}
+
+
+def test_every_loopback_address_is_on_the_loopback_interface() -> None:
+    """Engines on 127.0.0.3 and 127.0.0.4 (Ray nodes registered there, tests/e2e/test_ray.py): lo lists only 127.0.0.1."""
+    assert transport_env("127.0.0.3", kv=KVTransferSpec(), pool=PoolSpec(), link=HostLink(addresses=HOST)) == {
+        "UCX_NET_DEVICES": "lo"}
+
+
+@pytest.mark.parametrize("host", ["10.9.9.9", "engine.example"])
+def test_an_engine_address_on_no_interface_of_this_host_is_refused(host: str) -> None:
+    with pytest.raises(ConfigError, match=f"engine address '{host}' .* on no interface of this host"):
+        transport_env(host, kv=KVTransferSpec(), pool=PoolSpec(), link=HostLink(addresses=HOST))
 
 
 def test_the_eks_amis_efa_peermem_module_counts_as_gpudirect(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pdserve.config import Settings, parse_settings
+from pdserve.engine_key import NO_ENGINE_KEY
 from pdserve.engines.model_layout import Layout, ModelLayout
 from pdserve.engines.mps import MPS_CONTROL, plan_mps, shared_gpus
 from pdserve.engines.supervisor import Supervisor
@@ -54,11 +55,12 @@ def test_only_gpus_with_two_engines_count_as_shared(tmp_path: Path) -> None:
 def test_engines_sharing_a_gpu_get_the_daemon_and_its_pipe(tmp_path: Path, fake_control: Path) -> None:
     layout = ModelLayout("m", Layout.ATTENTION, "test")
     supervisor = Supervisor(gpu_settings(tmp_path, prefill_gpu=0, decode_gpu=0), model_path="m", layout=layout,
-                            progress=print)
+                            progress=print, engine_key=NO_ENGINE_KEY)
     assert supervisor.mps is not None
     for engine in supervisor.engines:
         assert engine.command.env["CUDA_MPS_PIPE_DIRECTORY"] == str(supervisor.mps.pipe_dir)
-    split = Supervisor(gpu_settings(tmp_path, prefill_gpu=0, decode_gpu=1), model_path="m", layout=layout, progress=print)
+    split = Supervisor(gpu_settings(tmp_path, prefill_gpu=0, decode_gpu=1), model_path="m", layout=layout, progress=print,
+                       engine_key=NO_ENGINE_KEY)
     assert split.mps is None and all("CUDA_MPS_PIPE_DIRECTORY" not in e.command.env for e in split.engines)
 
 

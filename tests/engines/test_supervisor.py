@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
@@ -14,12 +16,14 @@ import pytest
 
 from pdserve.config import parse_settings
 from pdserve.engine_config import EngineSpec
+from pdserve.engine_key import EngineKey
 from pdserve.engines.command import EngineCommand
 from pdserve.engines.launcher import EngineProcess
 from pdserve.engines.model_layout import Layout, ModelLayout
 from pdserve.engines.supervisor import Supervisor
 from pdserve.errors import EngineStartFailed
 from pdserve.role import Role
+from pdserve_vllm import ENGINE_KEY_ENV
 from tests.conftest import free_port_block
 
 # /metrics says as many running requests as the file named by its second argument holds (0 if none);
@@ -60,7 +64,28 @@ def supervisor_with_fake_engines(tmp_path: Path) -> Supervisor:
                    "drain_timeout_s": 30},
     }, source="test")
     layout = ModelLayout("unused", Layout.ATTENTION, "test")
-    return FakeEngines(settings, model_path="unused", layout=layout, progress=lambda _line: None)
+    return FakeEngines(settings, model_path="unused", layout=layout, progress=lambda _line: None,
+                       engine_key=EngineKey("unused-engine-key-0123"))
+
+
+async def test_an_engine_starts_with_the_deployment_key_and_none_of_the_gateways_keys(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As `pdserve up` plans and starts it, with its argv swapped for a process that prints its environment."""
+    monkeypatch.setenv("PDSERVE_API_KEYS", "client-key-0123456789")
+    monkeypatch.setenv("PDSERVE_ADMIN_KEY", "admin-key-0123456789")
+    key = EngineKey("deployment-key-0123456789")
+    settings = parse_settings({"launch": {"log_dir": str(tmp_path)}}, source="test")
+    planned = Supervisor(settings, model_path="m", layout=ModelLayout("m", Layout.ATTENTION, "test"),
+                         progress=lambda _line: None, engine_key=key).engines[0]
+    printing = [sys.executable, "-c", "import json, os; print('ENV ' + json.dumps(dict(os.environ)))"]
+    engine = EngineProcess(planned.spec, replace(planned.command, argv=printing), log_path=planned.log_path)
+    await engine.start()
+    assert await engine.wait_exit() == 0
+    await engine.stop()
+    (line,) = [line for line in engine.log_path.read_text().splitlines() if line.startswith("ENV ")]
+    env = json.loads(line.removeprefix("ENV "))
+    assert env[ENGINE_KEY_ENV] == env["VLLM_API_KEY"] == key.value
+    assert "PDSERVE_API_KEYS" not in env and "PDSERVE_ADMIN_KEY" not in env
 
 
 async def test_dead_engine_is_restarted_and_everything_stops(tmp_path: Path) -> None:

@@ -20,12 +20,13 @@ MODEL = "pdserve-demo"
 
 
 def gateway_settings(*, prefill: list[str], decode: list[str], decode_pool: dict[str, Any] | None = None,
-                     **gateway: Any) -> Any:
-    """``decode_pool``: more of the decode pool's settings."""
+                     access: dict[str, Any] | None = None, **gateway: Any) -> Any:
+    """``decode_pool``: more of the decode pool's settings; ``access``: the access section's."""
     tree = {
         "prefill": {"engines": 0, "base_port": 1, "urls": prefill},
         "decode": {"engines": 0, "base_port": 2, "urls": decode, **(decode_pool or {})},
         "gateway": {"port": free_port(), "health_interval_s": 0.2, **gateway},
+        "access": access or {},
         "cache_dir": "/tmp",
     }
     return parse_settings(tree, source="test")

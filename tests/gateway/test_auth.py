@@ -1,4 +1,5 @@
-"""API keys on the OpenAI routes, the admin key on engine listings; keys never reach a log."""
+"""API keys on the OpenAI routes, the admin key on metrics and engine listings (an admin key alone opens
+nothing to others), no path on disk in /v1/models but the admin's; keys never reach a log."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import aiohttp
 import pytest
 
 from pdserve.access import ADMIN_KEY_ENV, API_KEYS_ENV
-from tests.fake_engine import FakeEngine
+from tests.fake_engine import MODEL_CARD, FakeEngine
 from tests.gateway.test_app import MODEL, ready_gateway_over
 
 CLIENT_KEY, OTHER_CLIENT_KEY, ADMIN_KEY = "sk-client-0123456789abcdef", "sk-client-fedcba9876543210", "sk-admin-0123456789abcdef"
@@ -81,3 +82,52 @@ async def test_without_keys_everything_is_open_as_before() -> None:
         assert (await request(base, "POST", "/v1/completions"))[0] == 200
         status, body, _ = await request(base, "GET", "/health")
     assert status == 200 and "engines" in body
+
+
+async def test_an_admin_key_alone_closes_the_openai_routes_to_everyone_but_the_admin(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(API_KEYS_ENV, raising=False)
+    monkeypatch.setenv(ADMIN_KEY_ENV, ADMIN_KEY)
+    async with ready_gateway_over(FakeEngine()) as base:
+        for headers in (None, bearer(CLIENT_KEY)):
+            assert (await request(base, "POST", "/v1/completions", headers))[0] == 401
+            assert (await request(base, "GET", "/v1/models", headers))[0] == 401
+        assert (await request(base, "POST", "/v1/completions", bearer(ADMIN_KEY)))[0] == 200
+
+
+ADMIN_VIEWS = ["/metrics", "/admin/engines", "/dashboard/state"]
+
+
+async def test_metrics_and_every_view_naming_engines_need_the_admin_key(gateway: str) -> None:
+    async with aiohttp.ClientSession() as session:
+        for path in ADMIN_VIEWS:
+            for headers in (None, bearer(CLIENT_KEY)):
+                async with session.get(gateway + path, headers=headers) as reply:
+                    text = await reply.text()
+                    assert reply.status == 401, (path, reply.status)
+                    assert "127.0.0.1" not in text, f"{path} named an engine"
+            async with session.get(gateway + path, headers=bearer(ADMIN_KEY)) as reply:
+                assert reply.status == 200, path
+        async with session.get(gateway + "/metrics", headers=bearer(ADMIN_KEY)) as reply:
+            assert 'endpoint="http://127.0.0.1:' in await reply.text()  # what the key guards
+
+
+async def test_models_gives_clients_the_model_s_id_for_its_path_on_disk_and_the_admin_the_path(gateway: str) -> None:
+    _, client_view, _ = await request(gateway, "GET", "/v1/models", bearer(CLIENT_KEY))
+    _, admin_view, _ = await request(gateway, "GET", "/v1/models", bearer(ADMIN_KEY))
+    client_card, admin_card = (view["data"][0] for view in (client_view, admin_view))  # type: ignore[index]
+    assert admin_card["root"] == MODEL_CARD["root"] and "/models/" not in json.dumps(client_view)
+    # vLLM's card (ModelCard, vllm/entrypoints/serve/engine/protocol.py) field for field: OpenAI's id, object,
+    # created, owned_by, then root (what `vllm bench serve` loads a tokenizer by), parent, max_model_len.
+    assert client_card == {**MODEL_CARD, "root": MODEL}
+
+
+async def test_a_hugging_face_model_id_as_root_is_no_path_and_stays(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(API_KEYS_ENV, CLIENT_KEY)
+    monkeypatch.delenv(ADMIN_KEY_ENV, raising=False)
+    for root, shown in (("Qwen/Qwen3-0.6B", "Qwen/Qwen3-0.6B"), ("/home/me/models/qwen", MODEL),
+                        ("../models/qwen", MODEL), ("C:\\models\\qwen", MODEL)):
+        fake = FakeEngine(model_card={**MODEL_CARD, "root": root})
+        async with ready_gateway_over(fake) as base:
+            _, listing, _ = await request(base, "GET", "/v1/models", bearer(CLIENT_KEY))
+        assert listing["data"][0]["root"] == shown, root  # type: ignore[index]

@@ -183,7 +183,8 @@ async def test_a_decode_engine_failing_after_the_first_token_hands_the_rest_to_a
             if broken.bodies:
                 break
     moved = [body for body in healthy.bodies if "kv_transfer_params" not in body]
-    assert broken.bodies and moved == [{**streamed([*prompt, FIRST_TOKEN_ID]), "max_tokens": 4}]
+    salt = broken.bodies[0]["cache_salt"]  # the tenant's, on every leg it takes (gateway/tenants.py)
+    assert moved == [{**streamed([*prompt, FIRST_TOKEN_ID]), "max_tokens": 4, "cache_salt": salt}]
 
 
 @asynccontextmanager
@@ -400,7 +401,8 @@ async def test_a_chat_whose_decode_engine_fails_after_the_lead_moves_whole_and_t
             if broken.bodies:
                 break
     moved = [sent for sent in healthy.bodies if "kv_transfer_params" not in sent]
-    assert broken.bodies and moved == [{**body, "vllm_xargs": {"pdserve_first_token": FIRST_TOKEN_ID}}]
+    salt = broken.bodies[0]["cache_salt"]  # the tenant's, on every leg it takes (gateway/tenants.py)
+    assert moved == [{**body, "cache_salt": salt, "vllm_xargs": {"pdserve_first_token": FIRST_TOKEN_ID}}]
 
 
 PARSERS = ["--reasoning-parser", "qwen3", "--tool-call-parser", "hermes", "--enable-auto-tool-choice"]

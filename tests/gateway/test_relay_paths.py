@@ -100,7 +100,8 @@ async def test_a_client_that_stops_reading_gets_every_chunk_in_order_once_it_rea
         pushes: Counter[bool], handbacks: list[Handback], native_relay: bool) -> None:
     words = [f" w{index:05d}" + "x" * 300 for index in range(20_000)]  # 6.6 MB: more than the sockets' buffers hold
     fake = FakeEngine(words=words)
-    async with gateway_over([fake], [fake], native_relay=native_relay) as base, \
+    # All of it may wait in the gateway (gateway.max_stream_buffer_bytes: test_stream_buffer.py ends such a stream).
+    async with gateway_over([fake], [fake], native_relay=native_relay, max_stream_buffer_bytes=64 * 1024 * 1024) as base, \
             aiohttp.ClientSession(read_bufsize=4096) as session, \
             session.post(base + "/v1/completions", json=STREAM) as reply:
         await asyncio.sleep(1.0)  # reads nothing while the engine streams on

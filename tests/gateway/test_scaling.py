@@ -143,3 +143,31 @@ def test_pdserve_scale_reads_pool_equals_count() -> None:
     for bad in ("decode", "decode=-1", "gpus=2", "decode=two"):
         with pytest.raises(ValueError, match="POOL=COUNT"):
             parse_pools([bad])
+
+
+@pytest.mark.parametrize(("content_type", "data"), [
+    ("application/x-www-form-urlencoded", b'{"decode": 2}'),  # what a cross-site <form> may send unasked
+    ("text/plain", b'{"decode": 2}'),
+    (None, b'{"decode": 2}'),
+])
+async def test_a_scale_request_not_declared_json_is_refused_with_415_even_with_no_key(
+        launched: tuple[str, MembersFolder], content_type: str | None, data: bytes) -> None:
+    base, folder = launched
+    headers = {"Content-Type": content_type} if content_type else {}
+    async with aiohttp.ClientSession(skip_auto_headers=["Content-Type"]) as session, \
+            session.post(base + "/admin/scale", data=data, headers=headers) as reply:
+        status, body = reply.status, json.loads(await reply.read())
+    assert status == 415 and body["error"]["code"] == "unsupported_media_type"
+    assert folder.take_request() is None
+
+
+@pytest.mark.parametrize("host", ["attacker.example", "attacker.example:8000", "127.0.0.1.attacker.example", ""])
+async def test_a_scale_request_whose_host_is_not_the_gateway_is_refused_with_421(
+        launched: tuple[str, MembersFolder], host: str) -> None:
+    """DNS rebinding: the attacker's page, its name now pointing at 127.0.0.1, sends its own name as Host."""
+    base, folder = launched
+    status, body = await call(base, "POST", {"decode": 2}, {"Host": host})
+    assert status == 421 and body["error"]["code"] == "misdirected_request"
+    assert folder.take_request() is None
+    port = base.rsplit(":", 1)[1]
+    assert (await call(base, "POST", {"decode": 2}, {"Host": f"localhost:{port}"}))[0] == 202

@@ -9,6 +9,7 @@ import psutil
 import pytest
 
 from pdserve.config import Settings, load_settings
+from pdserve.engine_key import NO_ENGINE_KEY, EngineKey
 from pdserve.errors import EngineStartFailed
 from pdserve.gateway.app import build_app
 from pdserve.gateway.server import GatewayWorkers
@@ -17,6 +18,7 @@ from tests.conftest import free_port, serving
 from tests.fake_engine import FakeEngine
 
 STREAMS = 16
+ENGINE_KEY = EngineKey("engine-key-for-the-workers-0123")
 
 
 async def test_two_workers_serve_one_port_and_metrics_and_health_count_both() -> None:
@@ -24,7 +26,7 @@ async def test_two_workers_serve_one_port_and_metrics_and_health_count_both() ->
     async with serving(engine.app(), free_port()) as engine_url:
         port = free_port()
         settings = _two_workers(engine_url, port)
-        workers = GatewayWorkers(settings)
+        workers = GatewayWorkers(settings, engine_key=ENGINE_KEY)  # to each worker through multiprocessing's pipe
         task = asyncio.create_task(workers.serve())
         try:
             await _until_started(workers, task)
@@ -58,6 +60,7 @@ async def test_two_workers_serve_one_port_and_metrics_and_health_count_both() ->
                       if line.startswith('pdserve_requests_total{') and 'route="/v1/completions"' in line]
             assert sum(float(line.rsplit(" ", 1)[1]) for line in served) == STREAMS
             assert "pdserve_gateway_workers_counted 2.0" in metrics
+            assert {headers.get("authorization") for headers in engine.headers} == {f"Bearer {ENGINE_KEY.value}"}
         finally:
             workers.should_exit = True
             await task
@@ -78,7 +81,7 @@ async def test_health_says_when_a_worker_s_legs_are_missing_from_its_count(tmp_p
 async def test_a_worker_that_dies_stops_the_others_and_the_group_says_which() -> None:
     """The parent waits on the workers' exits rather than polling them (gateway/server.py)."""
     async with serving(FakeEngine().app(), free_port()) as engine_url:
-        workers = GatewayWorkers(_two_workers(engine_url, free_port()))
+        workers = GatewayWorkers(_two_workers(engine_url, free_port()), engine_key=NO_ENGINE_KEY)
         task = asyncio.create_task(workers.serve())
         try:
             await _until_started(workers, task)

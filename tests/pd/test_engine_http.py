@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 import pytest
 
@@ -16,13 +20,17 @@ from pdserve.pd.engine_reply import EngineUnreachable
 Handler = Callable[[bytes, asyncio.StreamWriter, int], Awaitable[bool]]
 
 
-async def _read_request(reader: asyncio.StreamReader) -> bytes | None:
+async def _read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes] | None:
+    """One request's head and body, or None at the connection's end."""
     try:
         head = await reader.readuntil(b"\r\n\r\n")
     except (asyncio.IncompleteReadError, ConnectionResetError):
         return None
-    length = next(int(line.split(b":")[1]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length"))
-    return await reader.readexactly(length)
+    return head, await reader.readexactly(_content_length(head))
+
+
+def _content_length(head: bytes) -> int:
+    return next(int(line.split(b":")[1]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length"))
 
 
 @dataclass
@@ -31,6 +39,7 @@ class Seen:
 
     requests_per_connection: list[int] = field(default_factory=list)
     closed_by_client: int = 0
+    heads: list[bytes] = field(default_factory=list)  # every request's line and headers
 
 
 @asynccontextmanager
@@ -41,7 +50,9 @@ async def scripted_server(handler: Handler) -> AsyncIterator[tuple[str, Seen]]:
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         seen.requests_per_connection.append(0)
         connection = len(seen.requests_per_connection) - 1
-        while (body := await _read_request(reader)) is not None:
+        while (request := await _read_request(reader)) is not None:
+            head, body = request
+            seen.heads.append(head)
             seen.requests_per_connection[connection] += 1
             if not await handler(body, writer, seen.requests_per_connection[connection]):
                 break
@@ -125,20 +136,106 @@ async def test_pieces_go_to_push_while_the_reader_waits_and_those_it_declines_ar
     assert pushed == events[0::2] and yielded == events[1::2]
 
 
-async def test_an_idle_connection_the_engine_closed_is_replaced_transparently() -> None:
+async def test_every_request_carries_the_headers_the_client_was_given_once() -> None:
+    client = EngineClient(connect_timeout_s=1.0, headers={"Authorization": "Bearer engine-key-0123456789"})
+    async with scripted_server(echo_json) as (url, seen):
+        for path in ("/v1/completions", "/v1/chat/completions"):
+            reply = await client.post(url + path, b"{}", headers={"X-Request-Id": "r"})
+            reply.close()
+    client.close()
+    assert len(seen.heads) == 2
+    assert all(head.count(b"\r\nAuthorization: Bearer engine-key-0123456789\r\n") == 1 for head in seen.heads)
+    assert all(b"\r\nX-Request-Id: r\r\n" in head for head in seen.heads)
+
+
+async def test_a_request_written_is_never_sent_again_even_on_a_reused_connection() -> None:
+    """The engine read it, then closed the connection without a word: it may be running it (a prefill run twice
+    holds its KV twice), so the request fails rather than run again."""
     async def close_on_second_request(body: bytes, writer: asyncio.StreamWriter, nth: int) -> bool:
-        if nth == 2:
-            return False  # as a server does whose keep-alive timer fired just as the request came
-        return await echo_json(body, writer, nth)
+        return nth != 2 and await echo_json(body, writer, nth)
 
     client = EngineClient(connect_timeout_s=1.0)
     async with scripted_server(close_on_second_request) as (url, seen):
-        for _ in range(2):
-            reply = await client.post(url + "/v1/completions", b"{}", headers={})
-            assert reply.status == 200
-            reply.close()
-        assert seen.requests_per_connection == [2, 1]
+        (await client.post(url + "/v1/completions", b"{}", headers={})).close()
+        with pytest.raises(EngineUnreachable, match="closed the connection"):
+            await client.post(url + "/v1/completions", b"{}", headers={})
+        assert seen.requests_per_connection == [2]
     client.close()
+
+
+class EngineClosingIdleConnections:
+    """A blocking server on threads that answers each request, then, once told (``close_idle``), closes its side of
+    the idle connection, as an engine whose keep-alive timer fired does (its FIN is all a client sees), and counts
+    every request it still reads there: one written to a connection the engine had closed."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.requests_per_connection: list[int] = []
+        self._close_idle, self._idle_closed = threading.Event(), threading.Event()
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+
+    def close_idle(self) -> None:
+        """Blocks the caller's event loop until the engine closed the idle connection: the loop has not read that
+        EOF yet when the next request comes, only the kernel has (on loopback the FIN is there once sent)."""
+        self._close_idle.set()
+        assert self._idle_closed.wait(timeout=10)
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):  # the listener closed
+            while True:
+                connection, _ = self.listener.accept()
+                self.requests_per_connection.append(0)
+                handler = threading.Thread(target=self._serve, args=(connection, len(self._threads) - 1), daemon=True)
+                self._threads.append(handler)
+                handler.start()
+
+    def _serve(self, connection: socket.socket, index: int) -> None:
+        with connection, contextlib.suppress(OSError):
+            connection.settimeout(10)
+            stream = connection.makefile("rb")
+            while head := _read_head(stream):
+                stream.read(_content_length(head))
+                self.requests_per_connection[index] += 1
+                connection.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+                if self._close_idle.wait(timeout=10) and not self._idle_closed.is_set():
+                    connection.shutdown(socket.SHUT_WR)
+                    self._idle_closed.set()
+
+    @asynccontextmanager
+    async def serving(self) -> AsyncIterator[EngineClosingIdleConnections]:
+        self._threads[0].start()
+        try:
+            yield self
+        finally:
+            self.listener.close()
+            await asyncio.to_thread(self._join)  # while the loop closes the client's connections
+
+    def _join(self) -> None:
+        for thread in self._threads[1:]:
+            thread.join(timeout=10)  # each ends at its connection's end: every request it read is counted
+
+
+def _read_head(stream: BinaryIO) -> bytes:
+    """A request's line and headers, b'' at the connection's end."""
+    lines = []
+    while (line := stream.readline()) not in (b"", b"\r\n"):
+        lines.append(line)
+    return b"".join(lines) if line else b""
+
+
+async def test_an_idle_connection_the_engine_closed_is_dropped_before_reuse_never_written_to() -> None:
+    client = EngineClient(connect_timeout_s=1.0)
+    async with EngineClosingIdleConnections().serving() as engine:
+        reply = await client.post(engine.url + "/v1/completions", b"{}", headers={})
+        assert await reply.read(idle_timeout_s=5.0) == b"{}"
+        reply.close()  # idle in the client's pool
+        engine.close_idle()
+        reply = await client.post(engine.url + "/v1/completions", b"{}", headers={})
+        assert reply.status == 200 and await reply.read(idle_timeout_s=5.0) == b"{}"
+        reply.close()
+        client.close()
+    assert engine.requests_per_connection == [1, 1]  # the second request went on a new connection, once
 
 
 async def test_a_fresh_connection_closed_without_a_reply_is_an_error() -> None:

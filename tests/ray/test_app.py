@@ -1,9 +1,12 @@
 from __future__ import annotations
 
 import socket
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
 
 from pdserve.cluster_config import RaySpec
-from pdserve.config import parse_settings
+from pdserve.config import load_settings, parse_settings
 from pdserve.deploy.serve import serve_config
 from pdserve.ray.app import app, engine_options
 from pdserve.ray.engine_replica import (
@@ -13,7 +16,7 @@ from pdserve.ray.engine_replica import (
     replica_engine_spec,
     replica_ranks,
 )
-from pdserve.ray.gateway_replica import registration_ttl_s
+from pdserve.ray.gateway_replica import GatewayReplica, registration_ttl_s
 from pdserve.role import Role
 from tests.conftest import free_port_block
 
@@ -103,3 +106,24 @@ def test_api_port_is_the_pools_base_port_by_node_rank_so_a_pod_names_it() -> Non
                                  gpu_ids=[])
              for role in Role for local_rank in (0, 1)]
     assert [spec.port for spec in specs] == [base, base + 1, base + 2, base + 3]
+
+
+def test_the_ray_cpu_example_fits_the_laptop_recipes_two_core_head() -> None:
+    """docs/deploy.md: `ray start --head --node-ip-address 127.0.0.1 --resources '{"head": 1, "prefill": 1,
+    "decode": 1}'` on a 2-core machine offers 2 CPUs and those resources; the registry reserves none."""
+    settings = load_settings(Path(__file__).parents[2] / "examples" / "ray-cpu.yaml")
+    head = Counter({"CPU": 2.0, "head": 1.0, "prefill": 1.0, "decode": 1.0})
+    asked: Counter[str] = Counter()
+    for role in Role:
+        options = engine_options(settings, role)
+        per_replica = {"CPU": options["ray_actor_options"]["num_cpus"], **options["ray_actor_options"]["resources"]}
+        asked.update({name: amount * options["num_replicas"] for name, amount in per_replica.items()})
+    asked.update({"CPU": settings.ray.gateway_cpus * settings.gateway.replicas, **settings.ray.gateway_resources})
+    assert all(amount <= head[name] for name, amount in asked.items()), (asked, head)
+
+
+async def test_serves_own_route_names_the_api_and_no_engine_address() -> None:
+    """Serve's proxy answers anyone who reaches it: the engines' addresses stay behind the gateway's admin key."""
+    replica = SimpleNamespace(_scheme="http", _server=SimpleNamespace(host="127.0.0.1", port=9000))
+    body = await GatewayReplica.__call__(replica, None)  # type: ignore[arg-type]
+    assert body == {"openai_api": "http://127.0.0.1:9000/v1"}
