@@ -108,6 +108,9 @@ def build_engine_command(
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(spec.side_channel_port),
         # UCX logs which transport it chose for each protocol: `pdserve verify` reads it back.
         "UCX_PROTO_INFO": "y",
+        # A media URL the gateway let through (access.media_url_domains) must not redirect the engine's fetch to a
+        # host it did not check (vLLM follows redirects by default: envs.py VLLM_MEDIA_URL_ALLOW_REDIRECTS).
+        "VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0",
     }
     if pool.device == "cuda":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(gpu) for gpu in spec.gpu_ids)

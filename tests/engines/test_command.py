@@ -48,6 +48,11 @@ def test_cpu_engines_get_nixl_roles_ids_side_channels_and_cpu_buffer() -> None:
     assert prefill_argv[:3] == ["py", "-m", "pdserve_vllm.engine_server"]  # vLLM's server, its engine core forked
 
 
+def test_no_engine_follows_a_media_urls_redirect_to_a_host_the_gateway_did_not_check() -> None:
+    for _argv, env in commands({}):
+        assert env["VLLM_MEDIA_URL_ALLOW_REDIRECTS"] == "0"
+
+
 def test_gpu_engines_are_pinned_and_read_over_cuda_ipc() -> None:
     tree = {"prefill": {"base_port": 8100, "device": "cuda", "gpu_ids": [0, 1], "tensor_parallel_size": 2},
             "decode": {"base_port": 8200, "device": "cuda", "gpu_ids": [2], "extra_args": ["--enforce-eager"]}}

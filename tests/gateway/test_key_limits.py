@@ -105,12 +105,15 @@ async def test_one_key_at_its_requests_in_flight_gets_429_while_another_key_is_s
     async with ready_gateway_over(fake, access={"per_key_max_in_flight": 1}) as base:
         fake.decode_gate = asyncio.Event()  # every request now stays in flight until it is set
         held = asyncio.create_task(post(base, {"model": MODEL, "prompt": "hi"}, CLIENT_KEY, request_id="held"))
-        await asyncio.wait_for(reached_engine(fake, "held"), 30.0)
-        refused = post(base, {"model": MODEL, "prompt": "hi"}, CLIENT_KEY)
-        status, body, retry_after = await asyncio.wait_for(refused, 30.0)  # not held: refused at once
-        other = asyncio.create_task(post(base, {"model": MODEL, "prompt": "hi"}, OTHER_CLIENT_KEY, request_id="other"))
-        await asyncio.wait_for(reached_engine(fake, "other"), 30.0)  # the other key is not held back
-        fake.decode_gate.set()
+        try:
+            await asyncio.wait_for(reached_engine(fake, "held"), 30.0)
+            refused = post(base, {"model": MODEL, "prompt": "hi"}, CLIENT_KEY)
+            status, body, retry_after = await asyncio.wait_for(refused, 30.0)  # not held: refused at once
+            other = asyncio.create_task(post(base, {"model": MODEL, "prompt": "hi"}, OTHER_CLIENT_KEY,
+                                             request_id="other"))
+            await asyncio.wait_for(reached_engine(fake, "other"), 30.0)  # the other key is not held back
+        finally:
+            fake.decode_gate.set()  # a request still held would keep the servers from shutting down
         assert (await held)[0] == 200 and (await other)[0] == 200
     assert status == 429 and retry_after is not None and int(retry_after) >= 1
     assert body["error"]["type"] == "requests" and body["error"]["code"] == "rate_limit_exceeded"

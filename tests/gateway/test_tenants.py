@@ -59,11 +59,12 @@ async def test_with_salts_per_key_off_a_clients_salt_goes_as_sent_and_none_is_ad
     assert seen == [[None, None], ["user-7", "user-7"]]
 
 
-async def test_a_salt_vllm_would_refuse_is_refused_here() -> None:
+async def test_a_client_may_send_a_salt_but_not_one_vllm_would_refuse() -> None:
     fake = FakeEngine()
     async with ready_gateway_over(fake) as base:
+        accepted, _ = await post(base, {**COMPLETION, "cache_salt": "user-7"})
         status, payload = await post(base, {**COMPLETION, "cache_salt": "a/b"})
-    assert status == 400 and json.loads(payload)["error"]["param"] == "cache_salt"
+    assert accepted == 200 and status == 400 and json.loads(payload)["error"]["param"] == "cache_salt"
 
 
 @pytest.mark.usefixtures("keys")
@@ -102,13 +103,10 @@ async def test_cached_tokens_are_kept_from_clients_yet_judge_the_handoff(native_
     assert [request["kv"] for request in requests[:3]] == [None, "pulled", "pulled"]  # newest first
     # The relay thread carried the streams, and gave their usage events back rather than send them on.
     assert bool(handbacks) == native_relay and not any(b'"usage":{' in back.payload for back in handbacks)
-
-
-async def test_cached_tokens_reach_clients_where_configured() -> None:
-    async with gateway_over([FakeEngine()], [FakeEngine(cached_tokens=2)],
-                            access={"show_cached_tokens": True}) as base:
-        replies = [await post(base, STREAM), await post(base, COMPLETION)]
-    assert all(usage_of(payload)["prompt_tokens_details"] == {"cached_tokens": 2} for _, payload in replies)
+    async with gateway_over([FakeEngine()], [FakeEngine(cached_tokens=2)], native_relay=native_relay,
+                            access={"show_cached_tokens": True}) as base:  # where configured, clients get them
+        shown = [await post(base, STREAM), await post(base, COMPLETION)]
+    assert all(usage_of(payload)["prompt_tokens_details"] == {"cached_tokens": 2} for _, payload in shown)
 
 
 def test_only_the_usage_field_is_hidden_never_generated_text() -> None:
