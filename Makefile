@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test unit e2e faults lint browser netbed clean
+.PHONY: setup demo test unit e2e faults ray-laptop lint browser netbed clean
 
 setup: $(STAMP)
 
@@ -52,7 +52,11 @@ netbed:
 		"(sudo apt-get install iproute2)"; fi
 
 test: $(STAMP) lint browser netbed
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not ray_laptop"
+
+# docs/deploy.md's Ray laptop recipe end to end; out of `make test` until its dashboard start is reliable.
+ray-laptop: $(STAMP)
+	$(BIN)/pytest -m ray_laptop
 
 clean:
 	rm -rf $(VENV) .pdserve
