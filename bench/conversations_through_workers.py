@@ -38,8 +38,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.config_ab import run_rounds
 from bench.prefix_routing import prefix_tokens
-from bench.soak import Deployment, start
+from bench.soak import ENGINE_KEY, Deployment, start
 from pdserve.engine_config import DEMO_MODEL_NAME
+from pdserve_vllm import ENGINE_KEY_ENV
 from tests.conftest import free_port
 from tests.e2e.ray_cluster import Node, local_cluster
 
@@ -63,7 +64,8 @@ def parse_arm(text: str) -> tuple[str, str]:
 
 def successes(urls: list[str]) -> list[float]:
     """Requests each engine has finished (vLLM's counter, summed over its finish reasons)."""
-    return [sum(float(line.rsplit(" ", 1)[1]) for line in httpx.get(url + "/metrics", timeout=10).text.splitlines()
+    return [sum(float(line.rsplit(" ", 1)[1])
+                for line in httpx.get(url + "/metrics", headers=ENGINE_KEY.headers(), timeout=10).text.splitlines()
                 if line.startswith("vllm:request_success_total{")) for url in urls]
 
 
@@ -100,7 +102,7 @@ def ray_deployment(workdir: Path, *, replicas: int) -> Iterator[tuple[list[str],
         config["launch"] = {"log_dir": str(workdir / "logs")}
         (workdir / "pdserve.yaml").write_text(yaml.safe_dump(config))
         subprocess.run([sys.executable, "-m", "pdserve", "ray", "up", "--config", str(workdir / "pdserve.yaml")],
-                       env=cluster.env, check=True, timeout=1500)
+                       env=cluster.env | {ENGINE_KEY_ENV: ENGINE_KEY.value}, check=True, timeout=1500)
         gateway_urls = [f"http://{ip}:{port}" for ip in heads]
         for _ in range(120):  # every replica knows both decode engines
             known = [httpx.get(url + "/health", timeout=10).json()["engines"]["decode"] for url in gateway_urls]

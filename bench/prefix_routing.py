@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.config_ab import add_run_options, parse_arm, run_rounds
-from bench.soak import Deployment, start
+from bench.soak import ENGINE_KEY, Deployment, start
 from pdserve.routing.load import parse_engine_load
 
 # The routing section of each arm; --arm NAME=JSON replaces these.
@@ -39,7 +39,8 @@ ARMS: dict[str, dict[str, Any]] = {"prefix": {}, "load-only": {"cached_tokens_pe
 
 def prefix_tokens(urls: list[str]) -> tuple[float, float]:
     """(queried, hit) prompt tokens the engines at ``urls`` have looked up in their prefix caches."""
-    loads = [parse_engine_load(httpx.get(url + "/metrics", timeout=10).text, read_s=0.0) for url in urls]
+    loads = [parse_engine_load(httpx.get(url + "/metrics", headers=ENGINE_KEY.headers(), timeout=10).text,
+                                read_s=0.0) for url in urls]
     return sum(load.prefix_queried_tokens for load in loads), sum(load.prefix_hit_tokens for load in loads)
 
 

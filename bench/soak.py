@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import random
+import secrets
 import signal
 import subprocess
 import sys
@@ -39,6 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pdserve.engine_config import DEMO_MODEL_NAME
+from pdserve.engine_key import GENERATED_KEY_BYTES, EngineKey
+from pdserve_vllm import ENGINE_KEY_ENV
 from tests.conftest import free_port_block
 
 CLIENT_TIMEOUT_S = 120.0
@@ -73,6 +76,12 @@ class Deployment:
         self.process.wait(timeout=120)
 
 
+# The engines' key, given to the deployments these scripts start, so that they can read the engines' /metrics
+# (every engine pdserve launches requires it: pdserve/engine_key.py).
+ENGINE_KEY = EngineKey(secrets.token_urlsafe(GENERATED_KEY_BYTES))
+KEYED_ENV = {**os.environ, ENGINE_KEY_ENV: ENGINE_KEY.value}
+
+
 def start(workdir: Path, *, sections: dict[str, dict[str, object]] | None = None) -> Deployment:
     """`pdserve up` with 1 prefill and 2 decode engines on free ports, ``sections`` laid over that."""
     base = free_port_block(7)
@@ -84,7 +93,7 @@ def start(workdir: Path, *, sections: dict[str, dict[str, object]] | None = None
         config[name] = {**config.get(name, {}), **section}
     (workdir / "soak.yaml").write_text(yaml.safe_dump(config))
     process = subprocess.Popen([sys.executable, "-m", "pdserve", "up", "--config", str(workdir / "soak.yaml")],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=workdir)
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=workdir, env=KEYED_ENV)
     deployment = Deployment(f"http://127.0.0.1:{base}", [f"http://127.0.0.1:{base + i}" for i in (1, 2, 3)], process)
     assert process.stdout is not None
     for line in process.stdout:
@@ -197,7 +206,7 @@ async def until_healthy(session: aiohttp.ClientSession, url: str, *, not_pid: in
 
 
 async def kv_usage(session: aiohttp.ClientSession, url: str) -> float:
-    async with session.get(url + "/metrics") as reply:
+    async with session.get(url + "/metrics", headers=ENGINE_KEY.headers()) as reply:
         text = await reply.text()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:kv_cache_usage_perc{"))
 

@@ -21,6 +21,7 @@
 #   the gateway's and engines' counters around each (ttft-N/metrics-*.txt, for bench/gpu/ttft_split.py).
 #   SHAPE (qwen3-8b; qwen3.5-9b: the hybrid) and KV_BYTES (pd_config.sh's) pick the model and its cache; COMPILE=
 #   (empty) gives pdserve pd_config.sh's default compilation (decode CUDA graphs, no torch.compile) instead of vLLM's.
+#   VERIFY=N runs `pdserve verify` N times against the pair after those runs (verify-N.txt).
 #   Issue #42's PD cost over chat: SYSTEM=pdserve SHAPE=qwen3.5-9b KV_BYTES=12884901888 COMPILE= RATE= RUNS=3 DIRECT_WORKLOAD=chat
 # CASE=reference runs the reference's own case instead: Qwen3.5-9B shape, max_model_len 4096, enforce_eager, 3 GiB of
 # KV cache and an L4's share of the GPU per engine (bench/gpu/l4_share.sh), inter-token SLO 100 ms; REF_BATCHING_MS
@@ -32,7 +33,7 @@
 # vLLM stage in /tmp/site (../shared/gpu/README.md).
 set -u
 SYSTEM=${SYSTEM:?reference or pdserve} RATE=${RATE-2,4,6,8} CHAT_RATE=${CHAT_RATE:-} LOAD_S=${LOAD_S:-20}
-DIRECT_WORKLOAD=${DIRECT_WORKLOAD:-completions} REPEAT=${REPEAT:-1} FIRST_ROUND=${FIRST_ROUND:-1} RUNS=${RUNS:-0} DIRECT_RATE=${DIRECT_RATE:-2} DIRECT_S=${DIRECT_S:-30} DEADLINE_S=${DEADLINE_S:-570}
+DIRECT_WORKLOAD=${DIRECT_WORKLOAD:-completions} REPEAT=${REPEAT:-1} FIRST_ROUND=${FIRST_ROUND:-1} RUNS=${RUNS:-0} DIRECT_RATE=${DIRECT_RATE:-2} DIRECT_S=${DIRECT_S:-30} DEADLINE_S=${DEADLINE_S:-570} VERIFY=${VERIFY:-0}
 SHAPE=${SHAPE:-qwen3-8b} ITL_SLO_MS=50 REF_ARGS="" TURNS=4
 MODEL_DIR=/tmp/$SHAPE; [ "$SHAPE" = qwen3-8b ] && MODEL_DIR=/tmp/q8b  # as pd_config.sh names it
 if [ "${CASE:-}" = reference ]; then
@@ -116,6 +117,11 @@ pdserve)
         bench $((2 * (DIRECT_S + 10))) direct $DECODE ttft-$run/bench -t pd=$GATEWAY $DIRECT_LOAD \
         --rate "$DIRECT_RATE" --duration $DIRECT_S --seed $run
       grep -E "^\| pd " $D/ttft-$run/bench/results.md | sed "s/^/[run $run] /"
+    done
+    for v in $(seq $VERIFY); do  # `pdserve verify` against the running pair: content and speed of the KV path
+      [ $((DEADLINE_S - SECONDS)) -ge 40 ] || { say "skipped verify $v: too little time left"; break; }
+      timeout 40 python3 -m pdserve verify --config $CONFIG --prompt-tokens 3072 > $D/verify-$v.txt 2>&1
+      say "verify $v: exit $?"; grep -vE "^\s*$" $D/verify-$v.txt | tail -3
     done
     sweeps pdserve $GATEWAY
     curl -s -H "Authorization: Bearer $PDSERVE_ENGINE_KEY" $DECODE/metrics > $D/decode-metrics.txt

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import aiohttp
 
+from pdserve.access import load_access_keys
 from pdserve.bench import runner
 from pdserve.bench.leg_times import LegTimes, fetch_leg_times
 from pdserve.bench.points import Point
@@ -97,7 +98,9 @@ async def _compare(
     bar: ProgressBar,
 ) -> CompareResult:
     """The sweep, once the engines answer: ``engines`` (a session) and the gateways carry their key."""
-    async with contextlib.AsyncExitStack() as gateways, aiohttp.ClientSession() as gateway_session:
+    # the gateways' /metrics want the admin key where the configuration sets keys
+    admin = load_access_keys(settings.gateway).headers()
+    async with contextlib.AsyncExitStack() as gateways, aiohttp.ClientSession(headers=admin) as gateway_session:
         gateway_urls = {way: await gateways.enter_async_context(_serving_gateway(
                             _gateway_settings(settings, way, n), engine_key=engine_key))
                         for n, way in enumerate(way for way in _GATEWAY_WAYS if way in ways)}
