@@ -42,19 +42,25 @@ async def check_engine_versions(settings: Settings, *, engine_key: EngineKey) ->
     every engine at ``urls`` (asked with ``engine_key``). Raises ConfigError, one line, for a version outside the
     range that ``launch.allow_vllm_version`` does not name, or a setting that release cannot run; a version it names
     is logged as a warning, as is an engine that did not answer (the gateway waits for it as before)."""
-    launched = [await launched_version(settings.launch.python or sys.executable)] if any(
-        settings.pool(role).engines for role in Role) else []
+    if any(settings.pool(role).engines for role in Role):
+        await checked_launch(settings, settings.launch.python or sys.executable)
     urls = [(role, url) for role in Role for url in settings.pool(role).urls]
     async with engine_session(engine_key) as session:
         answers = await asyncio.gather(*(served_version(session, url, role=role) for role, url in urls))
     for answer in answers:
         if isinstance(answer, str):
             log.warning("%s", answer)
-    for engines in launched + [answer for answer in answers if isinstance(answer, EngineVersion)]:
-        if (warning := judge(engines, allowed=settings.launch.allow_vllm_version)) is not None:
+        elif (warning := judge(answer, allowed=settings.launch.allow_vllm_version)) is not None:
             log.warning("%s", warning)
-    for engines in launched:
-        refuse_unavailable_features(settings, engines)
+
+
+async def checked_launch(settings: Settings, python: str) -> None:
+    """The gate for engines pdserve launches with ``python`` (`pdserve up`, and each Ray engine replica on its own
+    node): raises ConfigError as ``check_engine_versions``; logs the warning of an allowed version."""
+    launched = await launched_version(python)
+    if (warning := judge(launched, allowed=settings.launch.allow_vllm_version)) is not None:
+        log.warning("%s", warning)
+    refuse_unavailable_features(settings, launched)
 
 
 async def launched_version(python: str, *, timeout_s: float = READ_TIMEOUT_S) -> EngineVersion:

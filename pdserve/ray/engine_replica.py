@@ -35,6 +35,7 @@ from pdserve.engines.host_checks import check_engine_host, gpu_memory_bytes, rea
 from pdserve.engines.kv_link import probe_host_link
 from pdserve.engines.kv_path import KvPathLog
 from pdserve.engines.launcher import EngineProcess, bring_up
+from pdserve.engines.vllm_version import checked_launch
 from pdserve.errors import EngineStartFailed
 from pdserve.ray.deployment_key import GcsKeyStore, application_engine_key
 from pdserve.ray.names import REGISTRY_DEPLOYMENT
@@ -155,12 +156,15 @@ class EngineReplica:
 
 
 async def plan_engine(settings: Settings, spec: EngineSpec, *, local_rank: int, engine_key: EngineKey) -> EngineCommand:
-    """The command of this replica's engine, once this node is found fit to run it: raises the preflight's
-    one PREFLIGHT_PREFIX line (Serve's message, `cloud status`) before vLLM runs."""
+    """The command of this replica's engine, once this node is found fit to run it: raises the version gate's
+    line (engines/vllm_version.py) or the preflight's one PREFLIGHT_PREFIX line (Serve's message, `cloud status`)
+    before vLLM runs."""
+    python = settings.launch.python or sys.executable
+    await checked_launch(settings, python)  # this node's vLLM, in pdserve's range, before a model is fetched
     cpu_bind = replica_cpu_bind(spec.pool.cpu_threads_bind, local_rank=local_rank, cpus=sorted(os.sched_getaffinity(0)))
     model_path = await resolve_model(settings, progress=log.info)
     layout = await resolve_layout(model_path, progress=log.info)
-    link, python = probe_host_link(), settings.launch.python or sys.executable
+    link = probe_host_link()
     command = build_engine_command(
         spec, model=settings.model, model_path=model_path, layout=layout, kv=settings.kv,
         python=python, host=spec.host, cpu_bind=cpu_bind,

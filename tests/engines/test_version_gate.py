@@ -164,3 +164,19 @@ def test_releases_compare_by_number() -> None:
     assert "0.34.1.dev2" in VersionRange(since="0.29.0", before="0.35.0")
     assert "0.9.0" not in VersionRange(since="0.29.0") and "0.100.0" not in VersionRange(before="0.35.0")
     assert str(VersionRange()) == "any"
+
+
+async def test_a_ray_engine_replica_on_a_node_with_another_vllm_is_refused_before_its_engine_starts(
+        tmp_path: Path) -> None:
+    """`pdserve ray up` launches each engine inside a Serve replica on its own node: the replica reads that node's
+    vLLM (``launch.python``) before anything else (pdserve/ray/engine_replica.py, plan_engine)."""
+    from pdserve.ray.engine_replica import plan_engine, replica_engine_spec
+
+    python = tmp_path / "python"  # the node's interpreter, with another vLLM's metadata first on its path
+    env = installed_as(tmp_path / "site", OUTSIDE)
+    python.write_text(f"#!/bin/sh\nPYTHONPATH='{env['PYTHONPATH']}' exec '{sys.executable}' \"$@\"\n")
+    python.chmod(0o755)
+    settings = Settings.model_validate({"launch": {"python": str(python)}, "model": {"path": str(tmp_path / "none")}})
+    spec = replica_engine_spec(settings, Role.DECODE, host="127.0.0.1", rank=0, local_rank=0, instance="a", gpu_ids=[])
+    with pytest.raises(ConfigError, match=f"runs vLLM {OUTSIDE}, outside .*{ALLOW_SETTING}"):
+        await plan_engine(settings, spec, local_rank=0, engine_key=NO_ENGINE_KEY)
