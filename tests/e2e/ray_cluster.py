@@ -9,6 +9,7 @@ import os
 import secrets
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +27,13 @@ RAY = str(Path(sys.executable).with_name("ray"))
 # Per node: node manager, object manager, metrics, dashboard agent (2), runtime env agent, 100 workers.
 NODE_PORTS = 6 + 100
 DASHBOARD_START_S = 120.0
+# Ray binds AF_UNIX sockets under its temp dir, the dashboard's modules' longest: <temp dir>/session_<date>_<time>_
+# <pid>/sockets/dash_MetricsHead, 66 bytes past it. Each module's process refuses a path over 107 bytes
+# (ray/dashboard/subprocesses/utils.py:55, ray/_private/utils.py:1757) after `ray start` has returned, and the
+# dashboard then exits ("Module MetricsHead failed to start. Received EOF from pipe", ray/dashboard/head.py:486).
+# That leaves 41 bytes, which a pytest folder may pass (/tmp/pytest-of-root/pytest-73/ray-laptop0/ray: 45):
+# Ray gets a short link to it.
+RAY_TEMP_PARENT = "/tmp"
 
 
 @dataclass(frozen=True)
@@ -76,43 +84,50 @@ class LocalCluster:
 def local_cluster(head: Node, workers: list[Node], *, temp_dir: Path,
                   node_env: dict[str, str] | None = None) -> Iterator[LocalCluster]:
     """Start ``head`` and ``workers`` with ``ray start`` (each node's processes get ``node_env`` too, as a
-    KubeRay pod's get its env); ``ray stop`` them all on exit."""
+    KubeRay pod's get its env), Ray's files under ``temp_dir``; ``ray stop`` them all on exit."""
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16),
            "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1", **(node_env or {})}
     head_ports, head_node_ports = free_port_block(3), free_port_block(NODE_PORTS)
     cluster = LocalCluster(head_ip=head.ip, gcs_port=head_ports, dashboard_url=f"http://{head.ip}:{head_ports + 1}",
                            env=env, head_worker_ports=range(head_node_ports + 6, head_node_ports + NODE_PORTS))
-    head_args = ["start", "--head", "--port", str(head_ports), "--dashboard-host", head.ip,
-                 "--dashboard-port", str(head_ports + 1), "--ray-client-server-port", str(head_ports + 2),
-                 "--temp-dir", str(temp_dir), *_node_args(head, base=head_node_ports)]
-    try:
-        cluster.ray(*head_args)
+    with _short_link(temp_dir) as ray_temp_dir:
         try:
-            _until_answers(cluster.dashboard_url)
-        except httpx.TransportError:
-            # Seen once under a CPU hog (CI of 7652940): the dashboard's MetricsHead module died at start ("Received
-            # EOF from pipe") and the dashboard never listened; Ray itself was up. One fresh start of the head.
+            cluster.ray("start", "--head", "--port", str(head_ports), "--dashboard-host", head.ip,
+                        "--dashboard-port", str(head_ports + 1), "--ray-client-server-port", str(head_ports + 2),
+                        "--temp-dir", str(ray_temp_dir), *_node_args(head, base=head_node_ports))
+            _until_answers(cluster.dashboard_url, ray_temp_dir / "session_latest" / "logs")
+            for worker in workers:
+                cluster.ray("start", "--address", f"{head.ip}:{head_ports}",
+                            *_node_args(worker, base=free_port_block(NODE_PORTS)))
+            yield cluster
+        finally:
             cluster.ray("stop", "--force", check=False)
-            cluster.ray(*head_args)
-            _until_answers(cluster.dashboard_url)
-        for worker in workers:
-            cluster.ray("start", "--address", f"{head.ip}:{head_ports}",
-                        *_node_args(worker, base=free_port_block(NODE_PORTS)))
-        yield cluster
-    finally:
-        cluster.ray("stop", "--force", check=False)
 
 
-def _until_answers(url: str) -> None:
-    """Wait for any HTTP answer from ``url``: `ray start` returns before the dashboard listens."""
+@contextmanager
+def _short_link(directory: Path) -> Iterator[Path]:
+    """``directory`` (made if missing) by a path short enough for Ray's temp dir: a symlink under
+    RAY_TEMP_PARENT, removed on exit."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ray", dir=RAY_TEMP_PARENT) as parent:
+        link = Path(parent, "t")
+        link.symlink_to(directory, target_is_directory=True)
+        yield link
+
+
+def _until_answers(url: str, logs: Path) -> None:
+    """Wait for any HTTP answer from ``url``: `ray start` returns before the dashboard listens. Past the
+    deadline, fail with what the dashboard's processes in ``logs`` wrote to stderr (a module that died says why)."""
     deadline_s = time.monotonic() + DASHBOARD_START_S
     while True:
         try:
             httpx.get(url + "/api/version", timeout=10)
             return
-        except httpx.TransportError:
+        except httpx.TransportError as error:
             if time.monotonic() > deadline_s:
-                raise
+                errors = "".join(f"\n{path.name}: {path.read_text()[-2000:]}"
+                                 for path in sorted(logs.glob("dashboard*.err")) if path.stat().st_size)
+                raise AssertionError(f"the Ray dashboard at {url} never answered{errors}") from error
         time.sleep(1)
 
 

@@ -29,9 +29,7 @@ from pdserve_vllm import ENGINE_KEY_ENV
 from tests.conftest import free_port
 from tests.e2e.ray_cluster import LocalCluster, Node, listener_pid, local_cluster
 
-# Left out of `make test` until its Ray dashboard starts reliably in a full run (its MetricsHead died at start,
-# 2026-12-07); `make ray-laptop` runs it.
-pytestmark = [pytest.mark.e2e, pytest.mark.ray_laptop]
+pytestmark = pytest.mark.e2e
 EXAMPLE = Path(__file__).parents[2] / "examples" / "ray-cpu.yaml"
 LOOPBACK = "127.0.0.1"
 # `ray start --head --node-ip-address 127.0.0.1 --resources '{"head": 1, "prefill": 1, "decode": 1}'` on 2 cores.
