@@ -98,7 +98,11 @@ def line(label: str, stats: tuple[float, float, list[tuple[float, float]]]) -> s
     return f"{mean}  p50 {(p50 or 0) * 1e3:7.1f}  p90 {(p90 or 0) * 1e3:7.1f}"
 
 
-def main(folder: Path) -> None:
+Stats = tuple[float, float, list[tuple[float, float]]]  # (sum, count, cumulative buckets)
+
+
+def split(folder: Path) -> tuple[float, list[tuple[str, Stats]]]:
+    """The direct requests counted before the phase boundary, and each part's histogram over the run."""
     before = {url: values for _, url, values in read_snapshots(folder / "metrics-before.txt")}
     after = {url: values for _, url, values in read_snapshots(folder / "metrics-after.txt")}
     gateway, prefill, decode = list(before)
@@ -109,7 +113,6 @@ def main(folder: Path) -> None:
     boundary = max((s for s in samples if histogram(s, "vllm:nixl_xfer_time_seconds")[1] == nixl_start),
                    key=lambda s: histogram(s, "vllm:e2e_request_latency_seconds")[1], default=before[decode])
     direct_n = histogram(boundary, "vllm:e2e_request_latency_seconds")[1] - e2e_start
-    print(f"direct requests finished at the phase boundary sample: {direct_n:.0f}")
     rows = [
         ("direct: decode engine TTFT (arrival -> first token)", since(boundary, before[decode], "vllm:time_to_first_token_seconds")),
         ("direct: decode engine queue time", since(boundary, before[decode], "vllm:request_queue_time_seconds")),
@@ -126,8 +129,17 @@ def main(folder: Path) -> None:
         ("pd: decode engine NIXL transfer time", since(after[decode], boundary, "vllm:nixl_xfer_time_seconds")),
         ("pd: decode engine NIXL post time", since(after[decode], boundary, "vllm:nixl_post_time_seconds")),
     ]
+    return direct_n, rows
+
+
+def main(folder: Path) -> None:
+    direct_n, rows = split(folder)
+    print(f"direct requests finished at the phase boundary sample: {direct_n:.0f}")
     for label, stats in rows:
         print(line(label, stats))
+    before = {url: values for _, url, values in read_snapshots(folder / "metrics-before.txt")}
+    after = {url: values for _, url, values in read_snapshots(folder / "metrics-after.txt")}
+    decode = list(before)[2]
     moved = {key: after[decode].get(key, 0.0) - before[decode].get(key, 0.0) for key in after[decode]}
     print("pd: decode engine NIXL counters:", ", ".join(f"{key} +{value:.4g}" for key, value in moved.items()
                                                       if key.startswith("vllm:nixl") and "bucket" not in key
