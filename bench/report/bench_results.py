@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from bench.report.raw import bench_rows, read_text
-from bench.report.tables import Renderer, fixed, percent, percentiles, table
+from bench.report.tables import Renderer, fixed, percent, percentiles, raw_link, table
 
 _HEADER = ("target", "rate", "req/s", "out tok/s", "TTFT ms p50/p90/p99", "ITL ms p50/p90/p99", "TPOT ms p50/p90/p99",
            "goodput req/s", "SLO met", "errors", "raw")
@@ -29,7 +29,7 @@ def pd_direct_table(results_dir: Path, folders: tuple[str, ...]) -> str:
         by_target = {row["target"]: row for row in bench_rows(results_dir / folder)}
         direct, pd = by_target["direct"], by_target["disaggregated"]
         ratios = " / ".join(f"{pd['ttft_ms'][q] / direct['ttft_ms'][q]:.2f}" for q in ("p50", "p90", "p99"))
-        rows.append([f"`{folder}`", str(pd["requests"]), fixed(direct["ttft_ms"]["p50"]), percentiles(pd, "ttft_ms"),
+        rows.append([raw_link(folder), str(pd["requests"]), fixed(direct["ttft_ms"]["p50"]), percentiles(pd, "ttft_ms"),
                      ratios, compare_kv(results_dir, (folder,))])
     header = ["run", "PD requests", "one engine alone, TTFT ms p50", "PD TTFT ms p50 / p90 / p99",
               "PD / one engine alone, p50 / p90 / p99", "KV over the run (decode engine's counters)"]

@@ -10,7 +10,7 @@ import statistics
 from pathlib import Path
 
 from bench.report.raw import read_text
-from bench.report.tables import Renderer, fixed, span, table
+from bench.report.tables import Renderer, fixed, raw_link, span, table
 
 _ARM = re.compile(r"^([^|:\n]+): ready (.*)$", re.MULTILINE)
 _READY_S = re.compile(r"(\d+) s")
@@ -57,7 +57,7 @@ def rounds_table(results_dir: Path, args: tuple[str, ...]) -> str:
                      f"{statistics.median(a / b for a, b in zip(ttft_a, ttft_b, strict=True)):.2f} "
                      + f"({lower} of {len(pairs)} rounds lower)",
                      ", ".join(f"{fixed(a['itl_p99'])}/{fixed(b['itl_p99'])}" for a, b in pairs)])
-    return table(header, rows) + f"\n\nRaw: `{args[0]}`, rounds in file order."
+    return table(header, rows) + f"\n\nRaw: {raw_link(args[0])}, rounds in file order."
 
 
 def arms_table(results_dir: Path, args: tuple[str, ...]) -> str:

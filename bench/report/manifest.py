@@ -70,7 +70,7 @@ def differing_settings(manifest: Manifest, systems: Sequence[str]) -> list[tuple
 
 def settings_note(manifest: Manifest, systems: Sequence[str], *, source: str) -> str:
     """A Markdown list of the settings in which ``systems`` differ, naming the manifest it came from."""
-    lines = [f"Settings in which the systems differ (`{source}`):"]
+    lines = [f"Settings in which the systems differ ([`{source}`]({source.removeprefix('docs/')})):"]
     for key, values in differing_settings(manifest, systems):
         pairs = " · ".join(f"{system} `{value}`" for system, value in zip(systems, values, strict=True))
         lines.append(f"- {key}: {pairs}")

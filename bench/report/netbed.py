@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report.raw import read_json
-from bench.report.tables import Renderer, fixed, span, table
+from bench.report.tables import Renderer, fixed, raw_link, span, table
 
 
 def _links(folder: Path) -> list[dict[str, Any]]:
@@ -44,7 +44,7 @@ def link_table(results_dir: Path, folders: tuple[str, ...]) -> str:
                      f"OK {passed}, FAIL {len(verdicts) - passed}"])
     header = ["link", "KV GB/s (engine)", "handoff ms (median)", "PD TTFT ms (median)", "local TTFT ms (median)",
               "verify"]
-    return table(header, rows) + "\n\nRuns, in each cell's order: " + ", ".join(f"`{f}`" for f in folders)
+    return table(header, rows) + "\n\nRuns, in each cell's order: " + ", ".join(raw_link(f) for f in folders)
 
 
 def pd_over_local_ms(results_dir: Path, folders: tuple[str, ...]) -> str:

@@ -18,14 +18,14 @@ _WORKERS = re.compile(r"gateway workers (\w+)")
 Point = dict[str, Any]
 
 
-def _points(results_dir: Path, args: tuple[str, ...]) -> list[tuple[str, str, Point]]:
+def points_of(results_dir: Path, args: tuple[str, ...]) -> list[tuple[str, str, Point]]:
     """Every point of the files, with its file and gateway workers, in order; only those at ``@STREAMS`` if given.
 
     A file may hold several runs of the command: each run's JSON line follows the line that names its workers.
     """
     patterns, (low, high) = _split(args)
     points = []
-    for name in _files(results_dir, patterns):
+    for name in files_of(results_dir, patterns):
         workers = "unknown"
         for line in read_text(results_dir / name).splitlines():
             if named := _WORKERS.search(line):
@@ -46,7 +46,7 @@ def _split(args: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[float, float]]
     return files, kept
 
 
-def _files(results_dir: Path, patterns: tuple[str, ...]) -> list[str]:
+def files_of(results_dir: Path, patterns: tuple[str, ...]) -> list[str]:
     """The files the patterns (paths under docs/results/, ``*`` allowed) name, each pattern's in natural name order."""
     files = [path.relative_to(results_dir).as_posix() for pattern in patterns
              for path in sorted(results_dir.glob(pattern), key=_natural)]
@@ -61,14 +61,14 @@ def _natural(path: Path) -> list[str | int]:
 
 def met(results_dir: Path, args: tuple[str, ...]) -> str:
     """Inline: in how many of the points (runs) every goal held."""
-    points = [point for _, _, point in _points(results_dir, args)]
+    points = [point for _, _, point in points_of(results_dir, args)]
     return f"{sum(bool(point['meets_goal']) for point in points)} of {len(points)} runs"
 
 
 def proxy_gap(results_dir: Path, args: tuple[str, ...]) -> str:
     """Inline, bench/proxy_reference.py output: pdserve PD's TTFT p50 added and CPU per chunk beside nginx's."""
     patterns, (low, high) = _split(args)
-    files = _files(results_dir, patterns)
+    files = files_of(results_dir, patterns)
     gaps, ratios = [], []
     for name in files:
         last = json.loads(read_text(results_dir / name).strip().splitlines()[-1])
@@ -82,7 +82,7 @@ def proxy_gap(results_dir: Path, args: tuple[str, ...]) -> str:
 
 def point_figures(results_dir: Path, args: tuple[str, ...]) -> str:
     """Inline: TTFT p50 and inter-token p99 added, share of direct tokens/s and CPU per chunk, as spans over points."""
-    points = [point for _, _, point in _points(results_dir, args)]
+    points = [point for _, _, point in points_of(results_dir, args)]
     return (f"{_signed([p['ttft_p50_added_ms'] for p in points], 2)} ms TTFT p50, "
             f"{_signed([p['itl_p99_added_ms'] for p in points], 2)} ms inter-token p99, "
             f"{span([p['throughput_ratio'] * 100 for p in points])}% of direct tokens/s, "
@@ -98,7 +98,7 @@ def _signed(values: list[float], digits: int) -> str:
 def points_table(results_dir: Path, args: tuple[str, ...]) -> str:
     """One row per file and stream count, each cell the runs' figures in order."""
     groups: dict[tuple[str, str, int], list[Point]] = {}
-    for name, workers, point in _points(results_dir, args):
+    for name, workers, point in points_of(results_dir, args):
         groups.setdefault((name, workers, point["streams"]), []).append(point)
     header = ["streams", "gateway workers", "TTFT p50 added ms", "ITL p99 added ms", "tokens/s of direct",
               "gateway µs CPU per chunk", "cores busy: gateway, synthetic engines, load generator", "raw"]
@@ -123,10 +123,10 @@ def gateways_table(results_dir: Path, args: tuple[str, ...]) -> str:
 
     A run that did not sweep a stream count shows "-" there; goals met counts the runs that did.
     """
-    files = _files(results_dir, args)
+    files = files_of(results_dir, args)
     cells: dict[tuple[int, int], dict[str, Point]] = {}
     for name in files:
-        for _, _, point in _points(results_dir, (name,)):
+        for _, _, point in points_of(results_dir, (name,)):
             cells.setdefault((_gateways_of(results_dir, name), point["streams"]), {})[name] = point
     rows = []
     for (gateways, streams), by_file in sorted(cells.items()):
@@ -141,7 +141,7 @@ def gateways_table(results_dir: Path, args: tuple[str, ...]) -> str:
                      f"met {sum(bool(p['meets_goal']) for p in points)} of {len(points)}"])
     header = ["gateways", "streams", "TTFT p50 added, per run (ms)", "ITL p99 added, per run (ms)", "tokens/s of direct",
               "gateway µs CPU per chunk", "gateways' cores busy", "goals"]
-    return table(header, rows) + f"\n\nRaw, runs in natural name order: {', '.join(f'`{a}`' for a in args)}"
+    return table(header, rows) + f"\n\nRaw, runs in natural name order: {links(args)}"
 
 
 def _gateways_of(results_dir: Path, name: str) -> int:
@@ -154,23 +154,49 @@ _PATHS = {"nginx": "nginx", "pdserve-1leg": "pdserve, one leg", "pdserve-pd": "p
 
 
 def proxy_table(results_dir: Path, args: tuple[str, ...]) -> str:
-    """bench/proxy_reference.py runs: one row per stream count and path, each cell the runs' figures in file order."""
-    runs = [json.loads(read_text(results_dir / name).strip().splitlines()[-1]) for name in _files(results_dir, args)]
+    """bench/proxy_reference.py runs: one row per stream count and path, each cell the figures of the runs that swept it."""
+    runs = [json.loads(read_text(results_dir / name).strip().splitlines()[-1]) for name in files_of(results_dir, args)]
     rows = []
-    for index, point in enumerate(runs[0]["nginx"]):
+    for streams in sorted({point["streams"] for run in runs for point in run["nginx"]}):
+        swept = [run for run in runs if any(point["streams"] == streams for point in run["nginx"])]
+        nginx = [_at(run["nginx"], streams) for run in swept]
         for path, label in _PATHS.items():
-            points = [run[path][index] for run in runs]
-            nginx = [run["nginx"][index] for run in runs]
+            points = [_at(run[path], streams) for run in swept]
             against = ("" if path == "nginx" else ", ".join(
                 f"{p['gateway_cpu_us_per_chunk'] / n['gateway_cpu_us_per_chunk']:.2f}x" for p, n in zip(points, nginx, strict=True)))
-            rows.append([str(point["streams"]), label, ", ".join(f"{p['ttft_p50_added_ms']:+.2f}" for p in points),
+            rows.append([f"{streams:,}", label, ", ".join(f"{p['ttft_p50_added_ms']:+.2f}" for p in points),
                          _signed([p["itl_p99_added_ms"] for p in points], 2),
                          span([p["throughput_ratio"] * 100 for p in points]) + "%",
                          ", ".join(fixed(p["gateway_cpu_us_per_chunk"]) for p in points), against])
     header = ["streams", "path", "TTFT p50 added, per run (ms)", "ITL p99 added (ms)", "tokens/s of direct",
               "µs CPU per chunk, per run", "CPU against nginx, per run"]
-    return table(header, rows) + f"\n\nRaw, runs in natural name order: {', '.join(f'`{a}`' for a in args)}"
+    return table(header, rows) + f"\n\nRaw, runs in natural name order: {links(args)}"
+
+
+def relay_share_table(results_dir: Path, args: tuple[str, ...]) -> str:
+    """bench/proxy_reference.py runs that report the relay threads' CPU: PD's CPU per chunk, the threads' part, nginx's."""
+    rows = []
+    for name in files_of(results_dir, args):
+        run = json.loads(read_text(results_dir / name).strip().splitlines()[-1])
+        for pd, nginx in zip(run["pdserve-pd"], run["nginx"], strict=True):
+            if pd.get("relay_thread_cpu_us_per_chunk") is not None:
+                rows.append([f"[`{name.rsplit('/', 1)[-1]}`](results/{name})", f"{pd['streams']:,}",
+                             fixed(pd["gateway_cpu_us_per_chunk"]), fixed(pd["relay_thread_cpu_us_per_chunk"]),
+                             fixed(nginx["gateway_cpu_us_per_chunk"])])
+    assert rows, f"no run in {args} reports the relay threads' CPU"
+    return table(["run", "streams", "PD µs CPU per chunk", "of it in the relay threads", "nginx µs CPU per chunk"], rows)
+
+
+def _at(points: list[Point], streams: int) -> Point:
+    return next(point for point in points if point["streams"] == streams)
+
+
+def links(patterns: tuple[str, ...]) -> str:
+    """Each raw file pattern as a Markdown link (a pattern links its folder)."""
+    return ", ".join(f"[`{pattern}`](results/{pattern.rsplit('/', 1)[0] + '/' if set('*?[') & set(pattern) else pattern})"
+                     for pattern in patterns)
 
 
 RENDERERS: dict[str, Renderer] = {"proxy_table": proxy_table, "gateways_table": gateways_table, "overhead_point": point_figures, "overhead_table": points_table,
-                                  "overhead_met": met, "proxy_gap": proxy_gap}
+                                  "overhead_met": met, "proxy_gap": proxy_gap,
+                                  "relay_share_table": relay_share_table}

@@ -10,9 +10,12 @@ from bench.report import (
     decode_token,
     engine_counters,
     first_start,
+    gateway_ab,
     gateway_cost,
+    knees,
     netbed,
     overhead,
+    per_request,
     ray_compare,
     side_by_side,
     soak,
@@ -29,7 +32,8 @@ def renderers() -> Mapping[str, Renderer]:
                 gateway_cost.RENDERERS, config_rounds.RENDERERS, engine_counters.RENDERERS, spans.RENDERERS,
                 overhead.RENDERERS, ray_compare.RENDERERS,
                 first_start.RENDERERS, bench_results.RENDERERS,
-                decode_token.RENDERERS, soak.RENDERERS)
+                decode_token.RENDERERS, soak.RENDERERS, knees.RENDERERS,
+                gateway_ab.RENDERERS, per_request.RENDERERS)
     merged: dict[str, Renderer] = {}
     for family in families:
         clash = merged.keys() & family.keys()

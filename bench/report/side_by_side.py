@@ -16,7 +16,7 @@ from bench.report.raw import (
     read_text,
 )
 from bench.report.systems import note_for, system_of
-from bench.report.tables import Renderer, fixed, percent, percentiles, span, table
+from bench.report.tables import Renderer, fixed, percent, percentiles, raw_link, span, table
 
 _SWEEP_HEADER = ("system", "rate", "req/s", "TTFT ms p50/p90/p99", "ITL ms p50/p90/p99", "TPOT ms p50/p90/p99",
                  "goodput req/s", "SLO met", "raw")
@@ -37,7 +37,7 @@ def sweep_table(results_dir: Path, folders: tuple[str, ...]) -> str:
 def _sweep_row(system: str, row: dict[str, Any], folder: str) -> list[str]:
     return [system, f"{row['level']:g}", fixed(row["request_rate"], 2), percentiles(row, "ttft_ms"),
             percentiles(row, "itl_ms"), percentiles(row, "tpot_ms"), fixed(row["goodput"], 2),
-            percent(row["slo_attainment"]), f"`{folder}`"]
+            percent(row["slo_attainment"]), raw_link(folder)]
 
 
 def versus_table(results_dir: Path, folders: tuple[str, ...]) -> str:
@@ -53,7 +53,7 @@ def versus_table(results_dir: Path, folders: tuple[str, ...]) -> str:
             cells = [_pair(row_a[key][p], row_b[key][p]) for _, key, p in _VERSUS]
             rows.append([workload, f"{row_a['level']:g}", *cells,
                          f"{percent(row_a['slo_attainment'])} · {percent(row_b['slo_attainment'])}",
-                         f"`{first}`, `{second}`"])
+                         f"{raw_link(first)}, {raw_link(second)}"])
     return table(header, rows) + "\n\n" + note_for(results_dir, folders)
 
 
@@ -93,7 +93,7 @@ def runs_table(results_dir: Path, folders: tuple[str, ...]) -> str:
                      _lowest([s["tpot_ms"]["p50"] for s in summaries], 2),
                      _lowest([s["e2e_ms"]["p50"] / 1000 for s in summaries], 2),
                      " · ".join(percent(s["slo_attainment"]) for s in summaries),
-                     ", ".join(f"`{folder.relative_to(results_dir)}`" for folder in run_folders)])
+                     ", ".join(raw_link(folder.relative_to(results_dir).as_posix()) for folder in run_folders)])
     return table(header, rows) + "\n\n" + note_for(results_dir, folders)
 
 

@@ -32,6 +32,12 @@ def span(values: Sequence[float], digits: int = 1, unit: str = "") -> str:
     return f"{low}{unit}" if low == high else f"{low}-{high}{unit}"
 
 
+def raw_link(path: str) -> str:
+    """A raw file or folder under docs/results/ as a Markdown link from a doc in docs/ (a pattern links its folder)."""
+    target = path.rsplit("/", 1)[0] + "/" if set("*?[") & set(path) else path
+    return f"[`{path}`](results/{target})"
+
+
 def ratio(value: float, digits: int = 2) -> str:
     return f"{value:.{digits}f}x"
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from bench.gpu.ttft_split import Stats, quantile, split
 from bench.report.raw import bench_rows, read_text
-from bench.report.tables import Renderer, fixed, span, table
+from bench.report.tables import Renderer, fixed, raw_link, span, table
 
 _PARTS = {
     "direct": "direct: decode engine TTFT (arrival -> first token)",
@@ -31,7 +31,7 @@ def direct_pd_table(results_dir: Path, folders: tuple[str, ...]) -> str:
                      _p50_p99(direct), _p50_p99(pd),
                      "**" + ", ".join(f"{pd['ttft_ms'][p] / direct['ttft_ms'][p]:.2f}" for p in ("p50", "p99")) + "**",
                      f"{fixed(direct['tpot_ms']['p50'])}, {fixed(pd['tpot_ms']['p50'])}",
-                     f"{fixed(direct['itl_ms']['p99'])}, {fixed(pd['itl_ms']['p99'])}", f"`{folder}`"])
+                     f"{fixed(direct['itl_ms']['p99'])}, {fixed(pd['itl_ms']['p99'])}", raw_link(folder)])
     return table(header, rows)
 
 
@@ -79,7 +79,7 @@ def split_table(results_dir: Path, folders: tuple[str, ...]) -> str:
         ("of which the NIXL pull (p50)", lambda m: f"{fixed(m['nixl'])} ({fixed(m['nixl_p50'])})"),
     ]
     rows = [[label, *(cell(m) for m in means)] for label, cell in labels]
-    return table(["part", *(f"`{folder}`" for folder in folders)], rows)
+    return table(["part", *(raw_link(folder) for folder in folders)], rows)
 
 
 def gateway_hop_ms(results_dir: Path, folders: tuple[str, ...]) -> str:

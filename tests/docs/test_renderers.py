@@ -6,6 +6,7 @@ from pathlib import Path
 
 from bench.report.config_rounds import rounds_table
 from bench.report.engine_counters import decode_queue
+from bench.report.knees import knees_table
 
 RESULTS = Path(__file__).parents[2] / "docs" / "results"
 
@@ -35,3 +36,13 @@ def test_decode_queue_divides_by_the_handed_off_requests_whatever_the_engine_cou
     _run_folder(tmp_path, queued_s=30.0, engine_requests=182, handoffs=150)
     assert decode_queue(tmp_path, ("run",)) == (
         "30.0 s over its 182 requests, 200 ms each of the 150 handed off (the other 32: the gateway's start-up warm-ups)")
+
+
+def test_knees_table_counts_a_stream_count_held_only_when_every_run_of_it_held() -> None:
+    # one-core-call11-two-gateways.txt ran 512 twice: ITL p99 +2.19 ms (met) and +5.05 ms (missed, goal 5 ms),
+    # so two gateways have no knee there, as `pdserve bench overhead` printed ("knee_streams": null).
+    row = next(line for line in knees_table(RESULTS, ("gateway-overhead-16-cores/one-core-call11-one-gateway.txt",))
+               .splitlines() if line.startswith("| 11 |"))
+    cells = [cell.strip() for cell in row.split("|")]
+    assert cells[4] == "below the sweep"
+    assert cells[5].startswith("512 (TTFT +1.06 and +1.27 ms, ITL +2.19 and +5.05 ms")
