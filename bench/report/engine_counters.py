@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.report.raw import metric_sum, read_text
+from bench.report.raw import metric_sum, read_json, read_text
 from bench.report.tables import Renderer, fixed
 
 
@@ -36,6 +36,16 @@ def handoff_mean(results_dir: Path, folders: tuple[str, ...]) -> str:
     return f"{_duration(total_s / count)} over {count} handoffs"
 
 
+def kv_rate(results_dir: Path, folders: tuple[str, ...]) -> str:
+    """Inline: the decode engine's KV rate over the deployment's life (kv-rate.json), and whose transfers it counts."""
+    folder = results_dir / folders[0]
+    rate = read_json(folder / "kv-rate.json")
+    _, handed_off = _handoffs(folder)
+    return (f"{fixed(rate['gb_per_s'])} GB/s over {rate['transfers']} transfers ({handed_off} the gateway's handoffs "
+            f"of the runs, {rate['transfers'] - handed_off} its start-up warm-ups; "
+            f"[`kv-rate.json`](results/{folders[0]}/kv-rate.json))")
+
+
 def _duration(seconds: float) -> str:
     return f"{fixed(seconds * 1e3, 0)} ms" if seconds < 1 else f"{fixed(seconds, 2)} s"
 
@@ -50,4 +60,5 @@ RENDERERS: dict[str, Renderer] = {
     "decode_queue": decode_queue,
     "handoff_mean": handoff_mean,
     "decode_preemptions": preemptions,
+    "kv_rate": kv_rate,
 }

@@ -16,6 +16,8 @@ from bench.report.tables import Renderer, fixed, span, table
 
 _WORKERS = re.compile(r"gateway workers (\w+)")
 Point = dict[str, Any]
+PROXY_TTFT_GOAL_MS = 1.5  # issue #26: PD within 1.5 ms of nginx's TTFT p50 added
+PROXY_CPU_GOAL = 1.4  # and within 1.4x its CPU per chunk
 
 
 def points_of(results_dir: Path, args: tuple[str, ...]) -> list[tuple[str, str, Point]]:
@@ -65,8 +67,8 @@ def met(results_dir: Path, args: tuple[str, ...]) -> str:
     return f"{sum(bool(point['meets_goal']) for point in points)} of {len(points)} runs"
 
 
-def proxy_gap(results_dir: Path, args: tuple[str, ...]) -> str:
-    """Inline, bench/proxy_reference.py output: pdserve PD's TTFT p50 added and CPU per chunk beside nginx's."""
+def _proxy_points(results_dir: Path, args: tuple[str, ...]) -> tuple[list[float], list[float], int]:
+    """pdserve PD's TTFT p50 added beyond nginx's (ms) and its CPU per chunk over nginx's, per point; and the runs."""
     patterns, (low, high) = _split(args)
     files = files_of(results_dir, patterns)
     gaps, ratios = [], []
@@ -76,8 +78,22 @@ def proxy_gap(results_dir: Path, args: tuple[str, ...]) -> str:
             if low <= nginx["streams"] <= high:
                 gaps.append(pd["ttft_p50_added_ms"] - nginx["ttft_p50_added_ms"])
                 ratios.append(pd["gateway_cpu_us_per_chunk"] / nginx["gateway_cpu_us_per_chunk"])
+    return gaps, ratios, len(files)
+
+
+def proxy_gap(results_dir: Path, args: tuple[str, ...]) -> str:
+    """Inline, bench/proxy_reference.py output: pdserve PD's TTFT p50 added and CPU per chunk beside nginx's."""
+    gaps, ratios, runs = _proxy_points(results_dir, args)
     return (f"{span(gaps, 2)} ms more TTFT p50 than nginx and {span(ratios, 2)}x its CPU per chunk "
-            f"({len(gaps)} points in {len(files)} runs)")
+            f"({len(gaps)} points in {runs} runs)")
+
+
+def proxy_criterion(results_dir: Path, args: tuple[str, ...]) -> str:
+    """Inline: in how many points issue #26's two halves hold (TTFT p50 <= 1.5 ms more than nginx, CPU <= 1.4x)."""
+    gaps, ratios, _ = _proxy_points(results_dir, args)
+    ttft_held = sum(gap <= PROXY_TTFT_GOAL_MS for gap in gaps)
+    cpu_held = sum(ratio <= PROXY_CPU_GOAL for ratio in ratios)
+    return f"the TTFT half holds in {ttft_held} of {len(gaps)} points, the CPU half in {cpu_held} of {len(ratios)}"
 
 
 def point_figures(results_dir: Path, args: tuple[str, ...]) -> str:
@@ -88,6 +104,17 @@ def point_figures(results_dir: Path, args: tuple[str, ...]) -> str:
             f"{span([p['throughput_ratio'] * 100 for p in points])}% of direct tokens/s, "
             f"{span([p['gateway_cpu_us_per_chunk'] for p in points])} µs of gateway CPU per relayed chunk "
             f"({len(points)} measured point{'s' if len(points) > 1 else ''})")
+
+
+def chunks_per_s(results_dir: Path, args: tuple[str, ...]) -> str:
+    """Inline: the chunks per second the gateway relayed at the points, as a span."""
+    return span([point["chunks_per_s"] for _, _, point in points_of(results_dir, args)], 0) + " relayed chunks/s"
+
+
+def cores_busy(results_dir: Path, args: tuple[str, ...]) -> str:
+    """Inline: cores busy through the gateway, the gateway's, the synthetic engines' and the load's summed, per point."""
+    totals = [sum(point["cores"]["gateway"].values()) for _, _, point in points_of(results_dir, args)]
+    return span(totals, 2)
 
 
 def _signed(values: list[float], digits: int) -> str:
@@ -197,6 +224,8 @@ def links(patterns: tuple[str, ...]) -> str:
                      for pattern in patterns)
 
 
-RENDERERS: dict[str, Renderer] = {"proxy_table": proxy_table, "gateways_table": gateways_table, "overhead_point": point_figures, "overhead_table": points_table,
-                                  "overhead_met": met, "proxy_gap": proxy_gap,
+RENDERERS: dict[str, Renderer] = {"proxy_table": proxy_table, "proxy_criterion": proxy_criterion,
+                                  "overhead_chunks_per_s": chunks_per_s, "overhead_cores_busy": cores_busy,
+                                  "gateways_table": gateways_table, "overhead_point": point_figures,
+                                  "overhead_table": points_table, "overhead_met": met, "proxy_gap": proxy_gap,
                                   "relay_share_table": relay_share_table}

@@ -17,7 +17,21 @@ _PARTS = {
     "ttft": "pd: gateway TTFT",
     "handoff": "pd: gateway handoff (prefill done -> first decoded token)",
     "nixl": "pd: decode engine NIXL transfer time",
+    "prefill_step": "pd: prefill engine prefill time",
+    "direct_step": "direct: decode engine prefill time (scheduled -> first token)",
 }
+# figures of one run's means (ms) the prose quotes, by the name a block gives after ``@``
+_FIGURES: dict[str, Callable[[dict[str, float]], float]] = {
+    "hop": lambda m: m["leg"] - m["prefill"],  # the gateway's prefill leg beyond the prefill engine's own TTFT
+    "gap": lambda m: m["ttft"] - m["direct"],  # PD TTFT at the gateway beyond direct's
+    "prefill": lambda m: m["prefill"],
+    "direct": lambda m: m["direct"],
+    "prefill_step": lambda m: m["prefill_step"],  # the prefill engine's prefill time (scheduled -> token)
+    "direct_step": lambda m: m["direct_step"],
+    "prefill_step_slower": lambda m: m["prefill_step"] - m["direct_step"],
+}
+_RUN_FIGURES: dict[str, Callable[[float, float], float]] = {"direct": lambda direct, pd: direct, "pd": lambda direct, pd: pd,
+                "pd-direct": lambda direct, pd: pd - direct}
 
 
 def direct_pd_table(results_dir: Path, folders: tuple[str, ...]) -> str:
@@ -82,10 +96,26 @@ def split_table(results_dir: Path, folders: tuple[str, ...]) -> str:
     return table(["part", *(raw_link(folder) for folder in folders)], rows)
 
 
+def split_ms(results_dir: Path, args: tuple[str, ...]) -> str:
+    """Inline, ``FOLDER... @FIGURE``: one of ``_FIGURES`` from each run's means, as a span over the runs."""
+    *folders, name = args
+    figure = _FIGURES[name.removeprefix("@")]
+    return span([figure(_means(results_dir / folder)) for folder in folders], 1, " ms")
+
+
 def gateway_hop_ms(results_dir: Path, folders: tuple[str, ...]) -> str:
     """Inline: the gateway's prefill leg beyond the prefill engine's own TTFT, means over each run, as a span."""
-    means = [_means(results_dir / folder) for folder in folders]
-    return span([m["leg"] - m["prefill"] for m in means], 1, " ms")
+    return split_ms(results_dir, (*folders, "@hop"))
+
+
+def run_span(results_dir: Path, args: tuple[str, ...]) -> str:
+    """Inline, ``FOLDER... @WHICH:METRIC:Q`` (WHICH: direct, pd or pd-direct): a results.json figure over the runs."""
+    *folders, spec = args
+    which, metric, quantile = spec.removeprefix("@").split(":")
+    figure = _RUN_FIGURES[which]
+    values = [figure(direct[metric][quantile], pd[metric][quantile])
+              for direct, pd in (_direct_pd(results_dir, folder) for folder in folders)]
+    return span(values, 1, " ms")
 
 
 def handoff_ms(results_dir: Path, folders: tuple[str, ...]) -> str:
@@ -119,6 +149,8 @@ RENDERERS: dict[str, Renderer] = {
     "direct_pd_table": direct_pd_table,
     "split_table": split_table,
     "gateway_hop_ms": gateway_hop_ms,
+    "split_ms": split_ms,
+    "run_span": run_span,
     "pd_over_direct": pd_over_direct,
     "log_pd_over_direct": log_pd_over_direct,
     "handoff_ms": handoff_ms,

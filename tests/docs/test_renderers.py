@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.report.config_rounds import rounds_table
-from bench.report.engine_counters import decode_queue
+from bench.report.engine_counters import decode_queue, kv_rate
 from bench.report.knees import knees_table
+from bench.report.overhead import cores_busy, proxy_criterion
+from bench.report.ttft import split_ms
 
 RESULTS = Path(__file__).parents[2] / "docs" / "results"
 
@@ -46,3 +48,29 @@ def test_knees_table_counts_a_stream_count_held_only_when_every_run_of_it_held()
     cells = [cell.strip() for cell in row.split("|")]
     assert cells[4] == "below the sweep"
     assert cells[5].startswith("512 (TTFT +1.06 and +1.27 ms, ITL +2.19 and +5.05 ms")
+
+
+def test_cores_busy_sums_each_points_three_parts_rather_than_the_ends_of_their_spans() -> None:
+    # sweep-2048-streams-8-workers.txt, through the gateway: 4.992+2.832+3.859, 5.228+3.031+3.955, 5.229+3.029+3.981
+    # cores. The doc once said 11.7-12.3, adding up the table's per-part spans rather than each run's parts.
+    assert cores_busy(RESULTS, ("gateway-overhead-16-cores/sweep-2048-streams-8-workers.txt", "@2048")) == "11.68-12.24"
+
+
+def test_proxy_criterion_counts_points_against_the_unrounded_goals() -> None:
+    # 16 runs at 128 and 256 streams: every TTFT gap <= 1.5 ms; CPU ratios above 1.4x in two points at 128 (1.45, 1.42)
+    assert proxy_criterion(RESULTS, ("gateway-overhead-cpu/reference-128-256-streams-2-workers-no-watcher-run*.txt",)) == (
+        "the TTFT half holds in 32 of 32 points, the CPU half in 30 of 32")
+
+
+def test_kv_rate_names_the_transfers_that_were_not_the_runs_handoffs(tmp_path: Path) -> None:
+    folder = _run_folder(tmp_path, queued_s=1.0, engine_requests=212, handoffs=180)
+    (folder / "kv-rate.json").write_text('{"transfers": 212, "gb": 85.54, "transfer_s": 2.033, "gb_per_s": 42.1}')
+    assert kv_rate(tmp_path, ("run",)).startswith(
+        "42.1 GB/s over 212 transfers (180 the gateway's handoffs of the runs, 32 its start-up warm-ups;")
+
+
+def test_split_ms_takes_each_runs_difference_before_the_span() -> None:
+    # qwen3-8b prefill time, PD's prefill engine against direct's decode engine: 29.8-26.7, 28.0-24.1, 27.6-25.1 ms
+    folders = tuple(f"h100-chat-ttft/qwen3-8b/ttft-{run}" for run in (1, 2, 3))
+    assert split_ms(RESULTS, (*folders, "@prefill_step_slower")) == "2.5-3.9 ms"
+    assert split_ms(RESULTS, (*folders, "@gap")) == "4.0-4.7 ms"
