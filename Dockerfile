@@ -1,7 +1,7 @@
 # pdserve on the Ray LLM image: Ray 2.58, vLLM 0.26, NIXL, CUDA 13, Python 3.12.
 # The same image runs the Ray head (gateway) and the engine workers; `render k8s` names it in
 # kubernetes.image and its Ray version in kubernetes.ray_version. See docs/deploy.md.
-#   docker build -t pdserve:0.1.0 .
+#   docker build -t pdserve:0.1.0 .      (or `make image`: docker/build-image.sh builds it and checks the result)
 # RAY_VERSION must equal kubernetes.ray_version (a test checks the default; the build checks the image).
 # BASE_DIGEST pins the base image: a tag can be moved to other content, a digest cannot. While it is empty the
 # build stops at FROM, before anything is pulled ("BASE_DIGEST: unpinned-base-image:run-docker/pin-base.sh":
@@ -60,6 +60,7 @@ RUN pip list --format=freeze > /tmp/image-packages.txt \
     && pip install --no-cache-dir --no-index --no-build-isolation /home/ray/pdserve \
     && rm /tmp/image-packages.txt /tmp/missing.lock \
     && pdserve --help > /dev/null \
+    && python -c "import nixl, vllm, pdserve" \
     && (python -c "import pdserve.pd._chunk_relay" 2>/dev/null \
         || echo "WARNING: pdserve's C chunk relay was not built (no C compiler?): the gateway relays every chunk in Python")
 
@@ -78,4 +79,5 @@ RUN sudo apt-get update \
     && sudo ldconfig \
     && sh /home/ray/pdserve/docker/check-shared-libs.sh --at-run-time libcuda.so.1 \
         $(find "$(python -c "print(__import__('sysconfig').get_paths()['purelib'])")" \
-            -path '*/.nixl_cu13.mesonpy.libs/plugins/libplugin_LIBFABRIC.so')
+            -path '*/.nixl_cu13.mesonpy.libs/plugins/libplugin_LIBFABRIC.so') \
+    && /opt/amazon/efa/bin/fi_info -l | grep -q '^efa:'

@@ -1,6 +1,6 @@
 """Pure: what ``cloud up`` checks with AWS before it creates anything, as the plan's first steps.
 
-In the order a user would want to hear of a problem, each a read-only call of seconds: the credentials
+In the order a user would want to hear of a problem, each a read-only call of seconds: the tools' versions, the credentials
 (in the region), the two instance types and the vCPU quotas their nodes count against, the zones that
 offer them, and the image. An image name with a placeholder is refused before any call. No I/O:
 ``cloud.py`` runs these steps, ``runner.py`` hands their output here.
@@ -18,16 +18,19 @@ from pdserve.cluster_config import EksSpec
 from pdserve.config import Settings
 from pdserve.deploy.eksctl import choose_zones, zone_query
 from pdserve.deploy.steps import Step
+from pdserve.deploy.tool_versions import version_steps
 from pdserve.errors import DeployError
 
 INSTANCE_TYPES_STEP = "instance-types"
 ZONES_STEP = "zones"
 # EC2's On-Demand vCPU quotas per instance family, as Service Quotas names them (service code ec2; the EC2
 # User Guide's "On-Demand Instance quotas"). Only these families are checked: others have quotas of their own.
+# The letters before a family's generation digit: gr6 is a G instance, im4gn and is4gen are I instances.
 VCPU_QUOTAS = {
-    "L-DB2E81BA": ("Running On-Demand G and VT instances", ("g", "vt")),
+    "L-DB2E81BA": ("Running On-Demand G and VT instances", ("g", "gr", "vt")),
     "L-417A185B": ("Running On-Demand P instances", ("p",)),
-    "L-1216C47A": ("Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances", tuple("acdhimrtz")),
+    "L-1216C47A": ("Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances",
+                   (*"acdhimrtz", "im", "is")),
 }
 _FAMILY = re.compile(r"^([a-z]+)")
 # ACCOUNT.dkr.ecr.REGION.amazonaws.com[.cn]/REPOSITORY[:TAG][@sha256:DIGEST], as ECR names private images; the
@@ -44,6 +47,7 @@ def preflight_steps(settings: Settings) -> list[Step]:
     """The checks, in order; ``cloud up`` runs them before its plan and stops at the first that fails."""
     eks, image = settings.eks, settings.kubernetes.image
     return [
+        *version_steps(eks),
         Step("aws-identity", ("aws", "sts", "get-caller-identity", "--region", eks.region, "--output", "json"),
              check_output=_identity_problem, fix=_IDENTITY_FIX,
              about=f"preflight: AWS credentials, answered from {eks.region}"),
@@ -52,7 +56,8 @@ def preflight_steps(settings: Settings) -> list[Step]:
              check_output=partial(_instance_types_problem, eks=eks),
              fix="Fix: set eks.gpu_instance_type and eks.system_instance_type to EC2 instance types",
              about="preflight: the instance types exist; their vCPUs, for the quotas"),
-        *(_quota_step(eks, code) for code in dict.fromkeys(map(_quota_code, _instance_types(eks))) if code),
+        *(step for code in dict.fromkeys(map(_quota_code, _instance_types(eks))) if code
+          for step in _quota_steps(eks, code)),
         Step(ZONES_STEP, zone_query(eks), check_output=partial(_zones_problem, eks=eks),
              about=f"preflight: zones offering {eks.gpu_instance_type} (the GPU node group tries them in turn) "
                    f"and {eks.system_instance_type}"),
@@ -107,14 +112,22 @@ def _quota_code(instance_type: str) -> str:
     return next((code for code, (_, families) in VCPU_QUOTAS.items() if letters in families), "")
 
 
-def _quota_step(eks: EksSpec, code: str) -> Step:
+def _quota_steps(eks: EksSpec, code: str) -> list[Step]:
+    """The account's value of the quota where it has one, then AWS's default, which holds where it has none
+    (GetServiceQuota answers NoSuchResourceException for a quota never applied to the account; GetAWSDefaultServiceQuota
+    gives "the default value ... [without] any quota increases": Service Quotas API Reference). The check reads the
+    first where it ran."""
     name, _ = VCPU_QUOTAS[code]
     counted = ", ".join(f"{count} x {kind}" for kind, count in _node_counts(eks) if _quota_code(kind) == code)
-    return Step(f"quota-{code}", ("aws", "service-quotas", "get-service-quota", "--service-code", "ec2",
-                                  "--quota-code", code, "--region", eks.region, "--output", "json"),
-                check_outputs=partial(_quota_problem, eks=eks, code=code),
-                fix="Fix: the AWS identity needs servicequotas:GetServiceQuota",
-                about=f"preflight: the vCPU quota {name!r} in {eks.region} covers {counted}")
+    where = ("--service-code", "ec2", "--quota-code", code, "--region", eks.region, "--output", "json")
+    applied = ("aws", "service-quotas", "get-service-quota", *where)
+    return [Step(f"quota-{code}", applied, only_if=applied,
+                 about=f"preflight: the account's value of the vCPU quota {name!r} in {eks.region}, where it has one"),
+            Step(f"quota-{code}-default", ("aws", "service-quotas", "get-aws-default-service-quota", *where),
+                 check_outputs=partial(_quota_problem, eks=eks, code=code),
+                 fix="Fix: the AWS identity needs servicequotas:GetServiceQuota and servicequotas:GetAWSDefaultServiceQuota",
+                 about=f"preflight: the vCPU quota {name!r} in {eks.region} (the account's, else AWS's default) covers "
+                       f"{counted}")]
 
 
 def _node_counts(eks: EksSpec) -> list[tuple[str, int]]:
@@ -126,7 +139,8 @@ def _quota_problem(outputs: Mapping[str, str], *, eks: EksSpec, code: str) -> st
     vcpus = _vcpus_by_type(outputs[INSTANCE_TYPES_STEP])
     counted = [(kind, count) for kind, count in _node_counts(eks) if _quota_code(kind) == code]
     needed = sum(count * vcpus[kind] for kind, count in counted)
-    quota = _json(outputs[f"quota-{code}"], what="aws service-quotas get-service-quota").get("Quota", {})
+    output = outputs.get(f"quota-{code}") or outputs[f"quota-{code}-default"]
+    quota = _json(output, what="aws service-quotas get-service-quota").get("Quota", {})
     value = float(quota.get("Value", 0.0))
     if value >= needed:
         return ""

@@ -10,21 +10,27 @@ from __future__ import annotations
 from pdserve.access import API_KEYS_ENV
 from pdserve.config import Settings
 from pdserve.deploy.aws_preflight import ZONES_STEP, image_note, image_refusal, preflight_steps
+from pdserve.deploy.cost import cost_lines, plan_charges
 from pdserve.deploy.eks import API_KEYS_STEP, plan_down, plan_up, reach_lines
 from pdserve.deploy.eksctl import Zones, choose_zones, unresolved_zones
 from pdserve.deploy.k8s_names import API_KEYS_SECRET_KEYS, api_keys_secret_name
 from pdserve.deploy.k8s_secrets import NewSecrets, read_back_command
-from pdserve.deploy.runner import TOOL_SOURCES, Progress, print_plan, require_tools, run_plan
+from pdserve.deploy.runner import TOOL_SOURCES, Progress, capture, print_plan, require_tools, run_plan
+from pdserve.deploy.stacks import billed, parse_stacks, stacks_query
 from pdserve.errors import DeployError
 
 
-def cloud_up(settings: Settings, *, is_dry_run: bool, progress: Progress) -> None:
+def cloud_up(settings: Settings, *, is_dry_run: bool, progress: Progress, config: str = "") -> None:
     """Check, then bring the cluster and the app up, step by step, and say how to reach it; a re-run skips
-    what is done. Raises DeployError (a refused image, a failed check, a tool missing, a step failing) or
-    ConfigError."""
+    what is done. Raises DeployError (a refused image, a failed check, a tool missing, a step failing; once the
+    cluster exists, with what still bills and how to remove it) or ConfigError. ``config``: the --config path."""
     refusal = image_refusal(settings)
     if is_dry_run:
         _print_up(settings, refusal=refusal, progress=progress)
+        progress("while it runs, the plan costs per hour:")
+        for line in cost_lines(plan_charges(settings.eks)):
+            progress(line)
+        progress(f"`{down_command(config)}` removes it")
         return
     if refusal:
         raise DeployError(f"nothing was created: {refusal}")
@@ -37,7 +43,10 @@ def cloud_up(settings: Settings, *, is_dry_run: bool, progress: Progress) -> Non
     zones = _zones(settings, outputs[ZONES_STEP], progress=progress)
     # fresh keys each time; the plan stores each only where its Secret does not exist yet
     new = NewSecrets.generate()
-    outputs = run_plan(plan_up(settings, zones=zones, secrets=new), progress=progress)
+    try:
+        outputs = run_plan(plan_up(settings, zones=zones, secrets=new), progress=progress)
+    except DeployError as exc:
+        raise DeployError(f"{exc}{_bill_note(settings, config=config)}") from exc
     if API_KEYS_STEP in outputs:
         progress(api_key_lines(settings, api_key=new.api_key))
     for line in reach_lines(settings):
@@ -52,14 +61,42 @@ def api_key_lines(settings: Settings, *, api_key: str) -> str:
             f"{api_key}\nread it back with: {read_back}")
 
 
-def cloud_down(settings: Settings, *, is_dry_run: bool, progress: Progress) -> None:
-    """Remove everything ``cloud_up`` made, in reverse; what is already gone is skipped."""
+def cloud_down(settings: Settings, *, is_dry_run: bool, progress: Progress, config: str = "") -> None:
+    """Remove everything ``cloud_up`` made, in reverse; what is already gone is skipped. Says removed only
+    what it saw go: a stack of the cluster still listed afterwards (a VPC left DELETE_FAILED) is a failure."""
+    eks = settings.eks
     steps = plan_down(settings)
     if is_dry_run:
         print_plan(steps, progress=progress)
         return
-    run_plan(steps, progress=progress)
-    progress(f"cluster {settings.eks.cluster_name} ({settings.eks.region}) and everything on it removed")
+    try:
+        outputs = run_plan(steps, progress=progress)
+    except DeployError as exc:
+        raise DeployError(f"{exc}{_bill_note(settings, config=config)}") from exc
+    left = parse_stacks(capture(stacks_query(eks), what="the stacks left after `cloud down`"))
+    if left:
+        stacks = ", ".join(f"{name} ({status})" for name, status in sorted(left.items()))
+        raise DeployError(f"cloud down did not remove everything: {stacks} still listed; read why with `aws "
+                          f"cloudformation describe-stack-events --stack-name NAME --region {eks.region}`"
+                          f"{_bill_note(settings, config=config)}")
+    ran = ", ".join(outputs) or "nothing (it was all gone already)"
+    progress(f"cluster {eks.cluster_name} ({eks.region}): no stack of it is listed any more; removed this run: {ran}")
+
+
+def down_command(config: str) -> str:
+    return "pdserve cloud down" + (f" --config {config}" if config else "")
+
+
+def _bill_note(settings: Settings, *, config: str) -> str:
+    """What still bills by the hour, from the cluster's stacks, and the command that removes it ('' for nothing)."""
+    try:
+        charges = billed(settings.eks, capture(stacks_query(settings.eks), what="what still runs"))
+        seen = "still running, billed by the hour"
+    except DeployError:
+        charges, seen = plan_charges(settings.eks), "the stacks could not be listed; what may still run"
+    if not charges:
+        return ""
+    return "\n" + "\n".join([f"{seen}:", *cost_lines(charges), f"remove it with: {down_command(config)}"])
 
 
 def _print_up(settings: Settings, *, refusal: str, progress: Progress) -> None:

@@ -27,7 +27,7 @@ def up(config: ConfigOption = None, dry_run: DryRunOption = False) -> None:
 
     settings = settings_or_exit(config)
     with exit_on_errors():
-        cloud_up(settings, is_dry_run=dry_run, progress=progress)
+        cloud_up(settings, is_dry_run=dry_run, progress=progress, config=str(config or ""))
 
 
 @cloud_app.command()
@@ -49,4 +49,4 @@ def down(config: ConfigOption = None, dry_run: DryRunOption = False) -> None:
 
     settings = settings_or_exit(config)
     with exit_on_errors():
-        cloud_down(settings, is_dry_run=dry_run, progress=progress)
+        cloud_down(settings, is_dry_run=dry_run, progress=progress, config=str(config or ""))

@@ -12,7 +12,9 @@ from dataclasses import replace
 from functools import partial
 
 from pdserve.access import ADMIN_KEY_ENV, API_KEYS_ENV
+from pdserve.cluster_config import EksSpec
 from pdserve.config import Settings
+from pdserve.deploy.aws_causes import cause_lines
 from pdserve.deploy.eksctl import (
     GPU_NODE_GROUP,
     GPU_TAINT,
@@ -50,6 +52,7 @@ from pdserve.deploy.preflight import (
     image_check_readiness,
 )
 from pdserve.deploy.rayservice import PODS_HASH_ANNOTATION
+from pdserve.deploy.stacks import cluster_stack, failed_create, left_over, node_group_stack, stacks_query
 from pdserve.deploy.steps import Fallback, Poll, Readiness, Step
 
 KUBERAY_CHART_REPO = "https://ray-project.github.io/kuberay-helm/"
@@ -115,33 +118,74 @@ def plan_down(settings: Settings) -> list[Step]:
                                   "--kube-context", context, "--wait"),
              only_if=("helm", "status", KUBERAY_RELEASE, "--namespace", spec.kuberay_namespace, "--kube-context",
                       context)),
-        Step("cluster", ("eksctl", "delete", "cluster", "--name", eks.cluster_name, "--region", eks.region, "--wait"),
-             only_if=cluster_exists),
+        # the stacks, not `eksctl get cluster`: a VPC stack left DELETE_FAILED outlives the EKS cluster
+        Step("cluster", delete_cluster_argv(settings), only_if=stacks_query(eks), run_when=left_over,
+             causes=partial(cause_lines, eks=eks)),
         Step("kube-context", ("kubectl", "config", "delete-context", context),
              only_if=("kubectl", "config", "get-contexts", context)),
     ]
 
 
+def delete_cluster_argv(settings: Settings) -> tuple[str, ...]:
+    """Removes the cluster and every stack of it, a rolled-back one included (eksctl pkg/ctl/delete/cluster.go:75-76)."""
+    return ("eksctl", "delete", "cluster", "--name", settings.eks.cluster_name, "--region", settings.eks.region, "--wait")
+
+
 def _cluster_steps(settings: Settings, zones: Zones) -> list[Step]:
     """The control plane first, then each node group on its own, so an interrupted ``up`` resumes
-    at the node group that is missing instead of skipping it with the cluster."""
+    at the node group that is missing instead of skipping it with the cluster. Each is preceded by the
+    removal of a stack its failed create left, which would make eksctl fail or skip it."""
     eks = settings.eks
     where = ("--region", eks.region)
     cluster_yaml = to_yaml(cluster_config(settings, zones))
+    causes = partial(cause_lines, eks=eks)
     create = ("eksctl", "create", "nodegroup", "-f", "-", "--include")
     nodes = {group: Step(f"{group}-nodes", (*create, group), stdin=cluster_yaml,
                          done_check=("eksctl", "get", "nodegroup", "--cluster", eks.cluster_name, *where, "--name", group,
                                      "--output", "json"),
-                         done_when=partial(node_group_state, eks=eks, name=group))
+                         done_when=partial(node_group_state, eks=eks, name=group), causes=causes,
+                         check_output=partial(_skipped_group, group=group, stack=node_group_stack(eks, group),
+                                              removal=" ".join(_delete_node_group_argv(settings, group))))
              for group in (SYSTEM_NODE_GROUP, GPU_NODE_GROUP)}
     return [
+        _stack_clean_step("cluster-stack", cluster_stack(eks), delete_cluster_argv(settings), eks=eks),
         Step("cluster", ("eksctl", "create", "cluster", "-f", "-", "--without-nodegroup"), stdin=cluster_yaml,
-             done_check=("eksctl", "get", "cluster", "--name", eks.cluster_name, *where)),
+             done_check=("eksctl", "get", "cluster", "--name", eks.cluster_name, *where), causes=causes),
+        _stack_clean_step(f"{SYSTEM_NODE_GROUP}-stack", node_group_stack(eks, SYSTEM_NODE_GROUP),
+                          _delete_node_group_argv(settings, SYSTEM_NODE_GROUP), eks=eks),
         nodes[SYSTEM_NODE_GROUP],
+        _stack_clean_step(f"{GPU_NODE_GROUP}-stack", node_group_stack(eks, GPU_NODE_GROUP),
+                          _delete_node_group_argv(settings, GPU_NODE_GROUP), eks=eks),
         replace(nodes[GPU_NODE_GROUP], fallback=_zone_fallback(settings, zones)),
         Step("kubeconfig", kubeconfig_argv(settings)),
         *_efa_plugin_steps(settings),
     ]
+
+
+def _stack_clean_step(name: str, stack: str, removal: tuple[str, ...], *, eks: EksSpec) -> Step:
+    """Removes ``stack`` when a failed create left it, after saying so; a listing that fails stops the plan."""
+    return Step(name, removal, only_if=stacks_query(eks),
+                run_when=partial(failed_create, stack=stack, removal=" ".join(removal)),
+                about=f"removes {stack} if a failed create left it (ROLLBACK_COMPLETE, ROLLBACK_FAILED, CREATE_FAILED)")
+
+
+def _delete_node_group_argv(settings: Settings, group: str) -> tuple[str, ...]:
+    eks = settings.eks
+    return ("eksctl", "delete", "nodegroup", "--cluster", eks.cluster_name, "--region", eks.region, "--name", group,
+            "--wait")
+
+
+# eksctl's line when a group of the config already has a stack (pkg/ctl/cmdutils/filter/nodegroup_filter.go:89-91)
+_EXCLUDED = "existing nodegroup(s) ("
+
+
+def _skipped_group(stdout: str, *, group: str, stack: str, removal: str) -> str:
+    """eksctl exits 0 having created nothing when the group's stack exists: say which stack and how to remove it."""
+    excluded = next((line for line in stdout.splitlines() if _EXCLUDED in line), "")
+    if group not in excluded.partition(_EXCLUDED)[2].partition(")")[0].split(","):
+        return ""
+    return (f"eksctl created nothing: {excluded.strip()} (its stack {stack} exists). Remove it with `{removal}`, "
+            "then run `pdserve cloud up` again")
 
 
 def _zone_fallback(settings: Settings, zones: Zones) -> Fallback:
@@ -158,8 +202,7 @@ def _zone_fallback(settings: Settings, zones: Zones) -> Fallback:
         tries=tries,
         explain=node_group_failure_reads(eks, name=GPU_NODE_GROUP),
         cause=partial(capacity_cause, instance_type=eks.gpu_instance_type),
-        undo=("eksctl", "delete", "nodegroup", "--cluster", eks.cluster_name, "--region", eks.region,
-              "--name", GPU_NODE_GROUP, "--wait"),
+        undo=_delete_node_group_argv(settings, GPU_NODE_GROUP),
         about=f"{INSUFFICIENT_CAPACITY} (EC2 has no {eks.gpu_nodes} x {eks.gpu_instance_type} to spare in the zone)."
               + placement,
         fix=(f"List more zones in eks.availability_zones, try again later, ask AWS for capacity (an On-Demand "

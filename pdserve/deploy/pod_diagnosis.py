@@ -36,6 +36,12 @@ TRANSIENT_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreacha
 # with back-off, but a missing image, a registry that refuses the node or a name it cannot parse stays so.
 IMAGE_PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
                       "ImageInspectError", "RegistryUnavailable", "SignatureValidationFailed")
+# A pull that failed on the way, not at the registry's answer: a connection reset or timed out, a stream cut short
+# (containerd's "read: connection reset by peer", "i/o timeout", "unexpected EOF"), or the registry shedding load
+# (ECR's throttling, HTTP 429 "toomanyrequests: Rate exceeded", or a 503). The kubelet pulls again with back-off
+# (pkg/kubelet/images/image_manager.go) and a 10 GB image often needs it: waited for, not a blocker.
+TRANSIENT_PULL_MARKS = ("connection reset by peer", "i/o timeout", "TLS handshake timeout", "unexpected EOF",
+                        "429 Too Many Requests", "toomanyrequests", "Rate exceeded", "503 Service Unavailable")
 IMAGE_PULL_FIX = ("the node cannot pull kubernetes.image: push the image, check its name and tag, and that the "
                   "node role may pull from its registry")
 _FIXES = {
@@ -160,7 +166,8 @@ def container_problem(pod: dict[str, Any]) -> PodProblem | None:
         waiting = (container.get("state") or {}).get("waiting") or {}
         reason, message = waiting.get("reason", ""), waiting.get("message", "")
         if reason in IMAGE_PULL_REASONS:
-            return PodProblem(name, f"{reason}: {message}", fix=IMAGE_PULL_FIX)
+            is_transient = any(mark in message for mark in TRANSIENT_PULL_MARKS)
+            return PodProblem(name, f"{reason}: {message}", fix="" if is_transient else IMAGE_PULL_FIX)
         if reason == "CreateContainerConfigError":
             return PodProblem(name, f"{reason}: {message}", fix="create what the pod refers to (a Secret or ConfigMap)")
         if reason == "CrashLoopBackOff":

@@ -5,7 +5,8 @@
   node out) stops ``cloud up`` at once with the fix; one that is still starting is waited for.
 - The image: a throw-away pod of it on a system node pulls it and writes its Ray version where the pod's status
   carries it back; a pull the kubelet reports failed (no such image, a registry that refuses the node, a name it
-  cannot parse) stops ``cloud up`` at the first look, with the kubelet's own reason and message. Its Ray must be
+  cannot parse) stops ``cloud up`` at the first look (one cut on the way, a reset or throttling, is waited out),
+  with the kubelet's own reason and message. Its Ray must be
   ``kubernetes.ray_version``.
 
 No I/O: ``eks.py`` puts the commands in the plan, ``runner.py`` runs them and hands their output here.
@@ -94,9 +95,28 @@ def gpu_nodes_readiness(list_json: str, *, settings: Settings) -> Readiness:
                 waiting += _plugin_waits(plugin_pods, node)
     for node in nodes:
         waiting += _node_waits(node) + _capacity_waits(node, gpus=gpus, efa=efa)
+    blockers += _missing_nvidia_plugin(items, nodes, gpus=gpus)
     summary = "; ".join(waiting) or f"{len(nodes)} GPU nodes, each with {gpus} {GPU_RESOURCE}" + (
         f" and {efa} {EFA_RESOURCE}, the EFA device plugin running on each" if efa else "")
     return Readiness(is_ready=not waiting and not blockers, summary=summary, blocker="\n".join(blockers))
+
+
+# eksctl's NVIDIA device plugin for GPU node groups (eksctl pkg/addons/assets/nvidia-device-plugin.yaml:18-19);
+# other installers (the GPU operator) name theirs alike
+NVIDIA_PLUGIN = "nvidia-device-plugin"
+
+
+def _missing_nvidia_plugin(items: list[dict[str, Any]], nodes: list[dict[str, Any]], *, gpus: int) -> list[str]:
+    """Without a DaemonSet of the NVIDIA device plugin, no node ever offers nvidia.com/gpu: no use waiting."""
+    short = [node["metadata"]["name"] for node in nodes
+             if int(((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, "0")) < gpus]
+    plugins = [item for item in items if item.get("kind") == "DaemonSet" and NVIDIA_PLUGIN in item["metadata"]["name"]]
+    if not gpus or not short or plugins:
+        return []
+    return [(f"no NVIDIA device plugin DaemonSet in {PLUGIN_NAMESPACE}, so {', '.join(short)} will never offer "
+             f"{GPU_RESOURCE}. eksctl installs it with a GPU node group unless told not to (installNvidiaDevicePlugin: "
+             "false): install NVIDIA's device plugin (github.com/NVIDIA/k8s-device-plugin, tolerating the GPU nodes' "
+             f"{GPU_TAINT['key']} taint), then run `pdserve cloud up` again")]
 
 
 def gpu_nodes_wanted(settings: Settings) -> str:
@@ -132,6 +152,8 @@ def image_check_readiness(pod_json: str, *, settings: Settings) -> Readiness:
             f"the image {settings.kubernetes.image} cannot be pulled: {problem.cause}\n    fix: {problem.fix}; "
             f"`kubectl --namespace {IMAGE_CHECK_NAMESPACE} describe pod {IMAGE_CHECK_POD}` shows the kubelet's events "
             "(the next `pdserve cloud up` replaces the pod)"))
+    if problem is not None:  # a pull cut on the way (pod_diagnosis.TRANSIENT_PULL_MARKS): the kubelet tries again
+        return Readiness(is_ready=False, summary=f"{problem.cause} (transient: the kubelet pulls again)")
     states = [container.get("state") or {} for container in status.get("containerStatuses") or []]
     terminated = next((state["terminated"] for state in states if state.get("terminated")), None)
     if terminated is None:

@@ -1,7 +1,8 @@
 """Execute (or only print) a plan of steps with subprocesses: the I/O edge of ``pdserve cloud``.
 
 Knows nothing of EKS: it runs each step's checks and command, prints one progress line per
-change, and stops at the first failure with the step's name, command and stderr.
+change, and stops at the first failure with the step's name, command and output (stdout too: eksctl
+writes all but its last line there), and the causes the step reads in it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ TOOL_SOURCES = {
 CHECK_TIMEOUT_S = 120.0
 STEP_TIMEOUT_S = 3600.0  # creating or deleting an EKS cluster takes many minutes; a hang does not last forever
 HEARTBEAT_S = 30.0
-_STDERR_TAIL_LINES = 20
+_OUTPUT_TAIL_LINES = 20
+# eksctl's critical and warning lines (kris-nova/logger's icons, eksctl cmd/eksctl/logger.go:57-80), CloudFormation's
+# failed resources among them (pkg/cfn/manager/waiters.go:42-52): kept from anywhere in a long stdout
+_KEPT_MARKS = ("[✖]", "[!]", "CREATE_FAILED", "DELETE_FAILED")
 
 
 def plan_tools(steps: Iterable[Step]) -> set[str]:
@@ -58,7 +62,7 @@ def run_plan(steps: Sequence[Step], *, progress: Progress) -> dict[str, str]:
         if _is_done(step):
             progress(f"{label} skipped (already done)")
             continue
-        if step.only_if and not _succeeds(step.only_if):
+        if step.only_if and not _has_work(step, label=label, progress=progress):
             progress(f"{label} skipped (nothing to do)")
             continue
         progress(f"{label} running: {shlex.join(step.argv)}")
@@ -89,7 +93,8 @@ def print_plan(steps: Sequence[Step], *, progress: Progress) -> None:
             judged = " and its output says done" if step.done_when else ""
             progress(f"{indent}skipped when this succeeds{judged}: {shlex.join(step.done_check)}")
         if step.only_if:
-            progress(f"{indent}run only if this succeeds: {shlex.join(step.only_if)}")
+            finds = "finds work to do" if step.run_when else "succeeds"
+            progress(f"{indent}run only if this {finds}: {shlex.join(step.only_if)}")
         if step.fallback is not None:
             _print_fallback(step.fallback, indent=indent, progress=progress)
         if step.poll is not None:
@@ -116,8 +121,18 @@ def capture(argv: Sequence[str], *, what: str, timeout_s: float = CHECK_TIMEOUT_
     except subprocess.TimeoutExpired as exc:
         raise DeployError(f"{what}: {shlex.join(argv)} did not finish in {timeout_s:.0f}s") from exc
     if result.returncode != 0:
-        raise DeployError(_failure(what, argv, result.returncode, result.stderr or result.stdout))
+        raise DeployError(_failure(what, argv, result.returncode, stdout=result.stdout, stderr=result.stderr))
     return result.stdout
+
+
+def _has_work(step: Step, *, label: str, progress: Progress) -> bool:
+    """Whether ``only_if`` (and ``run_when`` on its output, said before the step runs) finds work to do."""
+    if step.run_when is None:
+        return _succeeds(step.only_if)
+    reason = step.run_when(capture(step.only_if, what=f"step {step.name}'s check"))
+    if reason:
+        progress(f"{label} {reason}")
+    return bool(reason)
 
 
 def _is_done(step: Step) -> bool:
@@ -163,7 +178,8 @@ def _execute(step: Step, *, label: str, progress: Progress) -> str:
     returncode, stdout, stderr = _run(step, label=label, progress=progress)
     if returncode != 0:
         fix = f"\n{step.fix}" if step.fix else ""
-        raise DeployError(_failure(f"step {step.name}", step.argv, returncode, stderr) + fix)
+        raise DeployError(_failure(f"step {step.name}", step.argv, returncode, stdout=stdout, stderr=stderr)
+                          + _causes(step, stdout + stderr) + fix)
     return _checked(step, stdout)
 
 
@@ -176,11 +192,11 @@ def _execute_with_fallback(step: Step, fallback: Fallback, *, label: str, progre
         returncode, stdout, stderr = _run(attempt, label=label, progress=progress)
         if returncode == 0:
             return _checked(attempt, stdout)
-        failure = _failure(f"step {step.name} ({where})", step.argv, returncode, stderr or stdout)
+        failure = _failure(f"step {step.name} ({where})", step.argv, returncode, stdout=stdout, stderr=stderr)
         cause = fallback.cause("\n".join([stdout, stderr, *(_output_of(argv) for argv in fallback.explain)]))
         if not cause:
             before = "".join(f"\n  (before: {line})" for line in causes)
-            raise DeployError(failure + before)
+            raise DeployError(failure + before + _causes(step, stdout + stderr))
         causes.append(f"{where}: {cause}")
         progress(f"{label} {where}: {cause}; removing the failed try: {shlex.join(fallback.undo)}")
         _execute(Step(f"{step.name}-undo", fallback.undo), label=label, progress=progress)
@@ -188,6 +204,12 @@ def _execute_with_fallback(step: Step, fallback: Fallback, *, label: str, progre
             progress(f"{label} trying {fallback.tries[number + 1][0]} instead")
     raise DeployError(f"step {step.name} failed in every place it may use, for {fallback.about}:\n"
                       + "\n".join(f"  {line}" for line in causes) + f"\n{fallback.fix}")
+
+
+def _causes(step: Step, output: str) -> str:
+    """The known causes ``step.causes`` reads in a failed command's output, on lines of their own ('' for none)."""
+    found = step.causes(output) if step.causes else ""
+    return f"\n{found}" if found else ""
 
 
 def _checked(step: Step, stdout: str) -> str:
@@ -259,6 +281,10 @@ def _look(argv: Sequence[str], poll: Poll) -> Readiness:
     return poll.check(result.stdout)
 
 
-def _failure(what: str, argv: Sequence[str], returncode: int, stderr: str) -> str:
-    tail = "\n".join(f"  {line}" for line in stderr.strip().splitlines()[-_STDERR_TAIL_LINES:])
-    return f"{what} failed (exit {returncode}): {shlex.join(argv)}" + (f"\n{tail}" if tail else "")
+def _failure(what: str, argv: Sequence[str], returncode: int, *, stdout: str, stderr: str) -> str:
+    """The failed command, then what it said: stdout's critical lines and tail, then stderr's tail."""
+    out, err = stdout.strip().splitlines(), stderr.strip().splitlines()
+    tail = out[-_OUTPUT_TAIL_LINES:]
+    kept = [line for line in out[:-_OUTPUT_TAIL_LINES] if any(mark in line for mark in _KEPT_MARKS)]
+    shown = "\n".join(f"  {line}" for line in [*kept, *tail, *err[-_OUTPUT_TAIL_LINES:]])
+    return f"{what} failed (exit {returncode}): {shlex.join(argv)}" + (f"\n{shown}" if shown else "")

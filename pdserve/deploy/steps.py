@@ -56,12 +56,15 @@ class Step:
 
     ``done_check`` exits 0 when the work is already done (a re-run skips the step); where exiting 0
     is not enough (a node group that exists but failed), ``done_when`` judges its output. ``only_if``
-    exits non-zero when there is nothing to do (a removal of something already gone). Empty = no
+    exits non-zero when there is nothing to do (a removal of something already gone); where exiting 0
+    is not enough, ``run_when`` reads its output and returns why the step runs ('' = nothing to do), and a
+    failing ``only_if`` then stops the plan instead of skipping (a removal must not run on a guess). Empty = no
     check: the command is idempotent by itself. ``stdin`` carries configs and manifests, so the
     plan needs no files; when ``is_stdin_secret`` it is never shown. ``check_output`` reads the
     command's output and returns what is wrong with it ('' when nothing); ``check_outputs`` does the same
     from the outputs of this and every earlier step of the plan, by step name (a check that compares two
-    lookups). ``fix`` says what to do when the command itself fails, under its error.
+    lookups). ``fix`` says what to do when the command itself fails, under its error; ``causes`` reads the
+    failed command's output (stdout and stderr) and returns one line per known cause with what to do.
     """
 
     name: str
@@ -69,12 +72,14 @@ class Step:
     done_check: tuple[str, ...] = ()
     done_when: Callable[[str], Readiness] | None = None
     only_if: tuple[str, ...] = ()
+    run_when: Callable[[str], str] | None = None
     stdin: str = ""
     is_stdin_secret: bool = False
     poll: Poll | None = None
     check_output: Callable[[str], str] | None = None
     check_outputs: Callable[[Mapping[str, str]], str] | None = None
     fix: str = ""
+    causes: Callable[[str], str] | None = None
     fallback: Fallback | None = None
     about: str = ""  # what the step checks or why it runs, for the dry run
 

@@ -9,7 +9,8 @@ modelled:
   aws.amazon.com/efa) for an efaEnabled group and the NVIDIA device plugin (tolerating each NVIDIA group's
   taints) for a GPU group (eksctl pkg/addons/assets/*.yaml, pkg/addons/device_plugin.go).
 - ``eksctl get nodegroup`` lists a node group in any state with exit 0, and exits 1 when it is absent
-  (eksctl pkg/actions/nodegroup/get.go). STANDIN_NODEGROUP_FAILS=gpu leaves that group CREATE_FAILED.
+  (eksctl pkg/actions/nodegroup/get.go). STANDIN_NODEGROUP_FAILS=gpu[:REASON] makes that group's create fail
+  and roll back: the group is gone, its stack stays ROLLBACK_COMPLETE (cfn_standin.py models the stacks).
 - A DaemonSet runs a pod on a node only where its tolerations cover the node's NoSchedule taints and its
   node affinity matches; a node offers nvidia.com/gpu and vpc.amazonaws.com/efa only where that device
   plugin runs (the kubelet's device-plugin API).
@@ -42,7 +43,8 @@ Processes, with time as a count of reads in the state file (never wall-clock):
 - DaemonSet pods carry the tolerations the DaemonSet controller adds to the template's, on the pods only.
 - An image is pulled when a pod first runs: the check pod shows ContainerCreating on its first read, then exits
   (Succeeded, its termination message as the kubelet reads it) or shows the kubelet's pull failure, then
-  ImagePullBackOff. STANDIN_IMAGE_PULL=not-found|unauthorized|bad-name makes every pull fail that way; a name
+  ImagePullBackOff. STANDIN_IMAGE_PULL=not-found|unauthorized|bad-name makes every pull fail that way (transient: the
+  first pull is cut by a connection reset, the kubelet's next one succeeds); a name
   the reference grammar refuses (an ``<account>`` placeholder) fails as bad-name by itself.
 - KubeRay's worker pods wait in their ``wait-gcs-ready`` init container (Init:0/1) on the first read of the
   RayService; the Serve app is DEPLOYING on the next, RUNNING on the one after: running pods are not a running app.
@@ -64,6 +66,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import cfn_standin  # beside this file: python puts the script's folder first on sys.path
 import yaml
 
 # the decode engine's counters when the port-forward starts, under the names the gateway gives them
@@ -103,6 +106,8 @@ def main(tool: str, argv: list[str]) -> int:
     with open(os.environ["STANDIN_LOG"], "a") as log:
         log.write(json.dumps({"tool": tool, "argv": argv, "words": words, "stdin": stdin}) + "\n")
     if _is_failing(tool, words):
+        if tool == "eksctl":  # its own lines on stdout, cobra's last line on stderr (cfn_standin.py)
+            cfn_standin.critical(f"simulated failure of {tool} {' '.join(words)}")
         print(f"Error: simulated failure of {tool} {' '.join(words)}", file=sys.stderr)
         return 1
     if tool == "kubectl" and words[0] == "port-forward":
@@ -119,6 +124,8 @@ def main(tool: str, argv: list[str]) -> int:
 
 def answer(tool: str, words: list[str], stdin: str, state: dict[str, Any]) -> int:
     command = " ".join([tool, *words])
+    if tool in ("eksctl", "kubectl", "helm") and words[:1] == ["version"]:
+        return cfn_standin.version(tool, words)
     if tool == "eksctl":
         return _eksctl(words, stdin, state)
     if command.startswith("aws ec2 describe-instance-type-offerings"):
@@ -138,12 +145,12 @@ def _eksctl(words: list[str], stdin: str, state: dict[str, Any]) -> int:
     groups: dict[str, Any] = state.setdefault("nodegroups", {})
     name = _flag(words, "--name")
     if words[:2] == ["create", "cluster"]:
-        state["cluster"] = True
+        metadata = yaml.safe_load(stdin)["metadata"]
+        return cfn_standin.create_cluster(metadata["name"], metadata["region"], state)
     elif words[:2] == ["get", "cluster"]:
         return 0 if state.get("cluster") else _error(f"Error: unable to describe cluster control plane: {name} not found")
     elif words[:2] == ["delete", "cluster"]:
-        for key in ("cluster", "nodegroups", "daemonsets"):
-            state.pop(key, None)
+        return cfn_standin.delete_cluster(name, state)
     elif words[:2] == ["create", "nodegroup"]:
         return _create_node_group(words[-1], yaml.safe_load(stdin), state)
     elif words[:2] == ["delete", "nodegroup"]:
@@ -161,13 +168,18 @@ def _eksctl(words: list[str], stdin: str, state: dict[str, Any]) -> int:
 def _create_node_group(name: str, cluster_config: dict[str, Any], state: dict[str, Any]) -> int:
     """eksctl creates the group and then, in its post-creation tasks, the device plugins it needs."""
     (group,) = [group for group in cluster_config["managedNodeGroups"] if group["name"] == name]
+    metadata = cluster_config["metadata"]
+    if cfn_standin.excluded_groups(metadata["name"], [name], state):
+        return 0  # nothing left to create
     if _lacks_capacity(group):
         return _fail_for_capacity(group, cluster_config, state)
-    failing = os.environ.get("STANDIN_NODEGROUP_FAILS", "") == name
-    state["nodegroups"][name] = {"status": "CREATE_FAILED" if failing else "ACTIVE", "config": group,
-                                 "born_at_read": state.get("node_reads", 0)}
-    if failing:
-        return _error(f"Error: failed to create nodegroups for cluster {cluster_config['metadata']['name']}")
+    failing, _, reason = os.environ.get("STANDIN_NODEGROUP_FAILS", "").partition(":")
+    if failing == name:
+        kind, logical, message = cfn_standin.REASONS[reason or "vcpu"]
+        return cfn_standin.node_group_failed(metadata["name"], metadata["region"], name, state, reason=message,
+                                             kind=kind, logical=logical)
+    state["nodegroups"][name] = {"status": "ACTIVE", "config": group, "born_at_read": state.get("node_reads", 0)}
+    cfn_standin.node_group_created(metadata["name"], name, state)
     daemonsets = state.setdefault("daemonsets", {})
     if group.get("efaEnabled"):
         plugin = json.loads(json.dumps(EFA_PLUGIN))  # created or replaced
@@ -557,6 +569,9 @@ def _pull_failure(image: str) -> tuple[str, str, str] | None:
     resolve = f'failed to pull and unpack image "{reference}": failed to resolve reference "{reference}"'
     if kind == "not-found":
         message = f"rpc error: code = NotFound desc = {resolve}: {reference}: not found"
+    elif kind == "transient":  # the layer download cut by the network (containerd's copy of a blob over TCP)
+        message = (f"rpc error: code = Unknown desc = {resolve[:resolve.index(': failed to resolve')]}: failed to copy: "
+                   "read tcp 10.0.1.5:43210->52.94.1.1:443: read: connection reset by peer")
     elif kind == "unauthorized":
         url = f"https://{'registry-1.docker.io' if host == 'docker.io' else host}/v2/{repository}/manifests/{tag or 'latest'}"
         message = f"rpc error: code = Unknown desc = {resolve}: unexpected status from HEAD request to {url}: 403 Forbidden"
@@ -571,6 +586,9 @@ def _pull_waiting(image: str, *, reads: int) -> dict[str, str] | None:
     failure = _pull_failure(image)
     if failure is not None and (failure[0] == "InvalidImageName" or reads == 2):
         return {"reason": failure[0], "message": failure[1]}
+    if os.environ.get("STANDIN_IMAGE_PULL") == "transient" and reads > 2:
+        return None  # the kubelet's next try pulls it
+
     if failure is not None and reads > 2:
         return {"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{image}"'}
     return {"reason": "ContainerCreating"} if reads < 2 else None
@@ -579,7 +597,8 @@ def _pull_waiting(image: str, *, reads: int) -> dict[str, str] | None:
 def _pull_image(pod: dict[str, Any], *, reads: int) -> None:
     """A RayService pod whose image cannot be pulled: waiting where the pull happens first (the init container)."""
     image = pod["spec"]["containers"][0]["image"]
-    if pod["status"]["phase"] == "Pending" and not pod["spec"]["nodeName"] or _pull_failure(image) is None:
+    transient = os.environ.get("STANDIN_IMAGE_PULL") == "transient"  # cut once, on the check pod's pull only
+    if pod["status"]["phase"] == "Pending" and not pod["spec"]["nodeName"] or _pull_failure(image) is None or transient:
         return
     waiting = _pull_waiting(image, reads=max(reads, 2)) or {}
     statuses = "initContainerStatuses" if pod["spec"].get("initContainers") else "containerStatuses"
@@ -829,13 +848,16 @@ def _instance_types(words: list[str], state: dict[str, Any]) -> int:
 
 
 def _service_quota(words: list[str], state: dict[str, Any]) -> int:
-    """service-quotas get-service-quota (Service Quotas API GetServiceQuota: {"Quota": {..., "Value": <double>}});
-    STANDIN_QUOTAS="L-DB2E81BA=32" sets a quota's value."""
+    """service-quotas get-service-quota and get-aws-default-service-quota (Service Quotas API GetServiceQuota,
+    GetAWSDefaultServiceQuota: {"Quota": {..., "Value": <double>}}); STANDIN_QUOTAS="L-DB2E81BA=32" sets a quota's
+    value; a quota in STANDIN_QUOTAS_UNSET has no value of the account's (GetServiceQuota: NoSuchResourceException)."""
     code, region = _flag(words, "--quota-code"), _flag(words, "--region")
     quotas = {**DEFAULT_QUOTAS, **{key: float(value) for key, _, value in
                                    (item.partition("=") for item in os.environ.get("STANDIN_QUOTAS", "").split())}}
-    if code not in QUOTA_NAMES:
-        return _service_error("NoSuchResourceException", "GetServiceQuota", f"The request failed because the "
+    unset = words[1] == "get-service-quota" and code in os.environ.get("STANDIN_QUOTAS_UNSET", "").split()
+    if code not in QUOTA_NAMES or unset:  # STANDIN_QUOTAS_UNSET: never applied to the account, only AWS's default
+        operation = "GetServiceQuota" if words[1] == "get-service-quota" else "GetAWSDefaultServiceQuota"
+        return _service_error("NoSuchResourceException", operation, f"The request failed because the "
                               f"specified service quota {code} does not exist.")
     print(json.dumps({"Quota": {"ServiceCode": "ec2", "ServiceName": "Amazon Elastic Compute Cloud (Amazon EC2)",
                                 "QuotaArn": f"arn:aws:servicequotas:{region}:{ACCOUNT}:ec2/{code}", "QuotaCode": code,
@@ -887,8 +909,10 @@ def _stack_events(words: list[str], state: dict[str, Any]) -> int:
 
 
 AWS_READS = {("sts", "get-caller-identity"): _caller_identity, ("ec2", "describe-instance-types"): _instance_types,
-             ("service-quotas", "get-service-quota"): _service_quota, ("ecr", "describe-images"): _ecr_images,
-             ("eks", "describe-nodegroup"): _node_group_health, ("cloudformation", "describe-stack-events"): _stack_events}
+             ("service-quotas", "get-service-quota"): _service_quota,
+             ("service-quotas", "get-aws-default-service-quota"): _service_quota, ("ecr", "describe-images"): _ecr_images,
+             ("eks", "describe-nodegroup"): _node_group_health, ("cloudformation", "describe-stack-events"): _stack_events,
+             ("cloudformation", "describe-stacks"): cfn_standin.describe_stacks}
 
 
 def _lacks_capacity(group: dict[str, Any]) -> bool:
@@ -900,8 +924,8 @@ def _fail_for_capacity(group: dict[str, Any], cluster_config: dict[str, Any], st
     """A managed node group whose instances EC2 cannot launch: EKS marks it CREATE_FAILED with the health issue
     AsgInstanceLaunchFailures quoting EC2's InsufficientInstanceCapacity (aws/containers-roadmap#2204); the
     AWS::EKS::Nodegroup resource fails with that issue as its reason, and the stack, created without
-    DisableRollback (eksctl pkg/cfn/manager/api.go), rolls back and removes the group. eksctl prints only that
-    the node groups were not created (eksctl pkg/actions/nodegroup/create.go)."""
+    DisableRollback (eksctl pkg/cfn/manager/api.go), rolls back and removes the group; eksctl prints the
+    CREATE_FAILED reason on stdout (cfn_standin.node_group_failed)."""
     cluster, zone, kind = cluster_config["metadata"]["name"], group["availabilityZones"][0], group["instanceType"]
     message = (f"Could not launch On-Demand Instances. InsufficientInstanceCapacity - We currently do not have "
                f"sufficient {kind} capacity in the Availability Zone you requested ({zone}). Our system will be "
@@ -909,16 +933,8 @@ def _fail_for_capacity(group: dict[str, Any], cluster_config: dict[str, Any], st
                f"an Availability Zone in your request or choosing us-west-2a, us-west-2c. Launching EC2 instance failed.")
     reason = (f'Resource handler returned message: "[Issue(Code=AsgInstanceLaunchFailures, Message={message}, '
               f'ResourceIds=[eks-{group["name"]}-0ec8])] (Service: null, Status Code: 0, Request ID: null)"')
-    state.setdefault("stacks", {})[f"eksctl-{cluster}-nodegroup-{group['name']}"] = {
-        "status": "ROLLBACK_COMPLETE", "failed_reasons": [reason]}
-    state.setdefault("nodegroups", {}).pop(group["name"], None)
-    # kris-nova/logger's lines go to stdout (eksctl cmd/eksctl/logger.go); the error is smithy-go's waiter's
-    print("[ℹ]  1 error(s) occurred and nodegroups haven't been created properly, you may wish to check "
-          "CloudFormation console")
-    print(f"[ℹ]  to cleanup resources, run 'eksctl delete nodegroup --region=us-west-2 --cluster={cluster} "
-          "--name=<name>' for each of the failed nodegroups")
-    print("[✖]  waiter state transitioned to Failure")
-    return _error(f'Error: failed to create nodegroups for cluster "{cluster}"')
+    return cfn_standin.node_group_failed(cluster, cluster_config["metadata"]["region"], group["name"], state,
+                                         reason=reason)
 
 
 def _delete_node_group(words: list[str], state: dict[str, Any]) -> int:

@@ -134,10 +134,83 @@ def test_the_lock_pins_every_package_with_the_hash_of_each_file() -> None:
     canonical = runpy.run_path(str(MISSING_FROM_IMAGE))["canonical"]
     wanted = {canonical(re.split(r"[\[<>=!~ ]", requirement, maxsplit=1)[0])
               for requirement in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]}
-    assert wanted | {"nixl-cu13", "setuptools", "wheel"} <= names, "docker/lock.sh: the lock misses a requirement"
+    assert wanted | {"nixl", "nixl-cu13", "setuptools", "wheel"} <= names, "docker/lock.sh: the lock misses a requirement"
     (nixl,) = [text for name, text in entries if name == "nixl-cu13"]
     assert nixl.startswith("nixl-cu13==1.5.1 "), "NIXL pinned, as docker/requirements.in asks"
-    assert "nixl-cu13==1.5.1" in (REPO / "docker" / "requirements.in").read_text().split()
+
+
+def test_nixl_comes_with_the_package_that_import_nixl_finds() -> None:
+    """nixl-cu13 alone installs nixl_cu13 and no ``nixl`` module: the ``nixl`` package (nixl/__init__.py, which loads
+    nixl_cu13) comes with its cu13 extra, at the same version, and the build imports it."""
+    assert "nixl[cu13]==1.5.1" in (REPO / "docker" / "requirements.in").read_text().split()
+    versions = {name: text.split()[0] for name, text in lock_entries() if name in ("nixl", "nixl-cu13")}
+    assert versions == {"nixl": "nixl==1.5.1", "nixl-cu13": "nixl-cu13==1.5.1"}
+    (run,) = [" ".join(run.split()) for run in arguments("RUN") if "missing_from_image.py" in run]
+    commands = [command for _, command in steps(run)]
+    assert commands.index('python -c "import nixl, vllm, pdserve"') > commands.index(
+        "pip install --no-cache-dir --no-index --no-build-isolation /home/ray/pdserve")
+
+
+def test_the_build_fails_unless_libfabric_lists_its_efa_provider() -> None:
+    (run,) = [" ".join(run.split()) for run in arguments("RUN") if "check-shared-libs.sh" in run]
+    assert steps(run)[-1] == ("&&", "/opt/amazon/efa/bin/fi_info -l | grep -q '^efa:'")
+
+
+def fake_docker(tmp_path: Path, *, has_daemon: bool) -> tuple[Path, Path]:
+    """A docker that records each call's arguments (NUL-separated) in a file of its own, numbered in order, and
+    whose ``info`` answers or not."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "docker-calls"
+    bin_dir.mkdir()
+    calls.mkdir()
+    docker = bin_dir / "docker"
+    docker.write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" > "{calls}/$(ls {calls} | wc -l)"\n'
+                      f'[ "$1" != info ] || exit {0 if has_daemon else 1}\n')
+    docker.chmod(0o755)
+    return bin_dir, calls
+
+
+def docker_calls(calls: Path) -> list[list[str]]:
+    return [path.read_text().rstrip("\0").split("\0") for path in sorted(calls.iterdir(), key=lambda path: int(path.name))]
+
+
+def build_script_copy(tmp_path: Path, *, digest: str) -> Path:
+    """docker/build-image.sh beside a copy of the Dockerfile whose BASE_DIGEST is ``digest``."""
+    (tmp_path / "docker").mkdir()
+    script = tmp_path / "docker" / "build-image.sh"
+    shutil.copy(REPO / "docker" / "build-image.sh", script)
+    (tmp_path / "Dockerfile").write_text(DOCKERFILE.read_text().replace("ARG BASE_DIGEST=\n", f"ARG BASE_DIGEST={digest}\n"))
+    return script
+
+
+def test_make_image_builds_the_image_and_runs_its_checks_inside_it(tmp_path: Path) -> None:
+    """No Docker daemon here: a recording docker shows what the script asks of a real one."""
+    assert re.search(r"^image:\n\tdocker/build-image\.sh \$\(TAG\)$", (REPO / "Makefile").read_text(), re.MULTILINE)
+    script = build_script_copy(tmp_path, digest="sha256:" + "0" * 64)
+    bin_dir, recorded = fake_docker(tmp_path, has_daemon=True)
+    subprocess.run(["sh", str(script), "pdserve:test"], env={"PATH": f"{bin_dir}:/usr/bin:/bin"}, check=True,
+                   capture_output=True, timeout=30)
+    calls = docker_calls(recorded)
+    assert [call[:2] for call in calls] == [["info"], ["build", "--tag"], ["run", "--rm"]]
+    assert calls[1][2:] == ["pdserve:test", "."]
+    checks = calls[2][-1]
+    for check in ('python -c "import nixl, vllm, pdserve', "libplugin_LIBFABRIC.so",
+                  "check-shared-libs.sh --at-run-time libcuda.so.1", '/opt/amazon/efa/bin/fi_info -l | grep -q "^efa:"'):
+        assert check in checks
+
+
+@pytest.mark.parametrize(("digest", "has_daemon", "words"), [
+    ("", True, "the base image is not pinned; run docker/pin-base.sh"),
+    ("sha256:" + "0" * 64, False, "no Docker daemon answers"),
+])
+def test_the_build_script_stops_before_building_without_a_pinned_base_or_a_daemon(
+    tmp_path: Path, digest: str, has_daemon: bool, words: str,
+) -> None:
+    script = build_script_copy(tmp_path, digest=digest)
+    bin_dir, recorded = fake_docker(tmp_path, has_daemon=has_daemon)
+    result = subprocess.run(["sh", str(script)], env={"PATH": f"{bin_dir}:/usr/bin:/bin"}, capture_output=True,
+                            text=True, timeout=30, check=False)
+    assert result.returncode == 2 and words in result.stderr
+    assert [call[0] for call in docker_calls(recorded)] in ([], ["info"])
 
 
 def test_missing_from_image_keeps_the_lock_entries_the_image_lacks_with_their_hashes(tmp_path: Path) -> None:

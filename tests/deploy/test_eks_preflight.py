@@ -21,8 +21,16 @@ __all__ = ["standins"]  # test_eks.py's fixture, used here by name
 ECR_IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/pdserve:0.1.0"
 
 
+VERSION_COMMANDS = ["eksctl version", "kubectl version --client --output json", "helm version --short"]
+
+
+def changes(standins: Standins) -> list[str]:
+    """The commands but the tools' version checks."""
+    return [command for command in standins.commands() if command not in VERSION_COMMANDS]
+
+
 def created_anything(standins: Standins) -> bool:
-    return any(command.startswith(("eksctl create", "kubectl", "helm")) for command in standins.commands())
+    return any(command.startswith(("eksctl create", "kubectl", "helm")) for command in changes(standins))
 
 
 def with_image(standins: Standins, image: str) -> None:
@@ -38,8 +46,9 @@ def test_up_dry_run_of_the_example_shows_the_quota_zone_and_image_checks_before_
     result = cloud(standins, "up", "--dry-run")
     assert result.exit_code == 0, result.output
     steps = list(step_lines(result.output))
-    assert steps[:7] == ["aws-identity", "instance-types", "quota-L-DB2E81BA", "quota-L-1216C47A", "zones", "image",
-                         "cluster"]
+    assert steps[:12] == ["eksctl-version", "kubectl-version", "helm-version", "aws-identity", "instance-types",
+                          "quota-L-DB2E81BA", "quota-L-DB2E81BA-default", "quota-L-1216C47A",
+                          "quota-L-1216C47A-default", "zones", "image", "cluster-stack"]
     assert ("aws service-quotas get-service-quota --service-code ec2 --quota-code L-DB2E81BA --region us-west-2"
             in result.output)
     assert "covers 2 x g6.8xlarge" in result.output
@@ -67,7 +76,7 @@ def test_missing_credentials_stop_up_at_the_first_check_with_how_to_give_them(
     result = stopped_up(standins)
     assert "step aws-identity failed (exit 253): aws sts get-caller-identity" in result.stderr
     assert "Unable to locate credentials" in result.stderr and "`aws configure`" in result.stderr
-    assert standins.commands() == ["aws sts get-caller-identity --region us-west-2 --output json"]
+    assert changes(standins) == ["aws sts get-caller-identity --region us-west-2 --output json"]
 
 
 def test_a_region_that_does_not_exist_stops_up_at_the_first_check(standins: Standins) -> None:
@@ -141,7 +150,7 @@ def test_no_gpu_capacity_in_any_zone_stops_up_naming_each_zone_and_leaves_no_fai
     for zone in ("us-west-2b", "us-west-2d"):
         assert f"zone {zone}: EC2 has no g6.8xlarge to spare in that zone" in result.stderr
     assert "cluster placement group" in result.stderr and "eks.availability_zones" in result.stderr
-    assert not any(command.startswith(("kubectl", "helm")) for command in standins.commands())
+    assert not any(command.startswith(("kubectl", "helm")) for command in changes(standins))
 
     monkeypatch.delenv("STANDIN_NO_CAPACITY")  # capacity came back: a re-run makes the group
     standins.forget_calls()
@@ -163,12 +172,32 @@ def test_a_failure_of_another_kind_is_not_retried_elsewhere_nor_undone(tmp_path:
     assert not any("trying" in line for line in lines)
 
 
+@pytest.mark.parametrize(("default_vcpus", "is_refused"), [(32.0, True), (64.0, False)])
+def test_a_quota_never_applied_to_the_account_is_checked_at_aws_default_not_called_a_missing_permission(
+    standins: Standins, monkeypatch: pytest.MonkeyPatch, default_vcpus: float, is_refused: bool,
+) -> None:
+    """GetServiceQuota answers NoSuchResourceException for a quota the account has no value of its own for."""
+    monkeypatch.setenv("STANDIN_QUOTAS_UNSET", "L-DB2E81BA")
+    monkeypatch.setenv("STANDIN_QUOTAS", f"L-DB2E81BA={default_vcpus}")
+    monkeypatch.setenv("STANDIN_FAIL", "eksctl create cluster")  # stop right after the preflight
+    result = stopped_up(standins)
+    assert "servicequotas:GetServiceQuota" not in result.stderr
+    refusal = "(L-DB2E81BA) in us-west-2 is 32 vCPUs, but 2 x g6.8xlarge (32 vCPUs each) need 64"
+    assert (refusal in result.stderr) is is_refused
+    assert step_lines(result.output)["quota-L-DB2E81BA"] == ["skipped (nothing to do)"]
+
+
 def test_each_instance_family_is_checked_against_its_own_vcpu_quota() -> None:
     def quota_steps(gpu_type: str) -> list[str]:
         steps = preflight_steps(eks_settings(eks={"gpu_instance_type": gpu_type}))
-        return [step.name for step in steps if step.name.startswith("quota-")]
+        return [step.name for step in steps if step.name.startswith("quota-") and not step.name.endswith("-default")]
 
     assert quota_steps("g6.8xlarge") == ["quota-L-DB2E81BA", "quota-L-1216C47A"]
     assert quota_steps("p5.48xlarge") == ["quota-L-417A185B", "quota-L-1216C47A"]
     assert quota_steps("m7i.8xlarge") == ["quota-L-1216C47A"]  # one quota, both groups counted
     assert quota_steps("inf2.xlarge") == ["quota-L-1216C47A"]  # a family with a quota pdserve does not know
+    assert quota_steps("gr6.4xlarge") == ["quota-L-DB2E81BA", "quota-L-1216C47A"]  # a G instance
+    for kind in ("im4gn.large", "is4gen.large"):  # I instances: their nodes count against the Standard quota
+        (step,) = [step for step in preflight_steps(eks_settings(eks={"gpu_instance_type": kind}))
+                   if step.name.startswith("quota-") and step.check_outputs]
+        assert step.name == "quota-L-1216C47A-default" and f"covers 2 x {kind}, 1 x m7i.xlarge" in step.about

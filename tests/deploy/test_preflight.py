@@ -77,6 +77,15 @@ def test_a_plugin_still_starting_and_a_node_not_yet_offering_efa_are_waited_for(
     assert readiness(gpu_node("a")).summary == "1/2 GPU nodes registered"
 
 
+def test_gpu_nodes_without_an_nvidia_device_plugin_stop_up_at_once_not_after_600_s() -> None:
+    nvidia = {"kind": "DaemonSet", "metadata": {"name": "nvidia-device-plugin-daemonset", "namespace": "kube-system"}}
+    nodes = (efa_plugin(efa_plugin_tolerations()), gpu_node("a", gpus="0"), gpu_node("b", gpus="0"), plugin_pod("a"),
+             plugin_pod("b"))
+    result = readiness(*nodes)
+    assert "no NVIDIA device plugin DaemonSet in kube-system, so a, b will never offer nvidia.com/gpu" in result.blocker
+    assert readiness(*nodes, nvidia).blocker == ""  # the plugin is there, still starting: waited for
+
+
 def test_an_instance_type_the_plugins_affinity_leaves_out_stops_up() -> None:
     result = readiness(efa_plugin(efa_plugin_tolerations()), gpu_node("a", instance_type="g6.xlarge"),
                        gpu_node("b", instance_type="g6.xlarge"))
