@@ -1,4 +1,6 @@
-# pdserve on the Ray LLM image: Ray 2.58, vLLM 0.26, NIXL, CUDA 13, Python 3.12.
+# pdserve on the Ray LLM image: Ray 2.60 (its llm extra pins vLLM 0.29.0, inside pdserve's range: docs/versions.md), NIXL,
+# CUDA 13, Python 3.12. Ray's own image, not a CUDA base with our pins: KubeRay's head and workers must carry the
+# RayService's rayVersion, and Ray builds and tests this image's vLLM, torch and CUDA together.
 # The same image runs the Ray head (gateway) and the engine workers; `render k8s` names it in
 # kubernetes.image and its Ray version in kubernetes.ray_version. See docs/deploy.md.
 #   docker build -t pdserve:0.1.0 .      (or `make image`: docker/build-image.sh builds it and checks the result)
@@ -7,7 +9,7 @@
 # build stops at FROM, before anything is pulled ("BASE_DIGEST: unpinned-base-image:run-docker/pin-base.sh":
 # BuildKit's ${VAR:?message}, moby/buildkit frontend/dockerfile/shell/lex.go); docker/pin-base.sh fills it with
 # the digest the tag names now.
-ARG RAY_VERSION=2.58.0
+ARG RAY_VERSION=2.60.0
 ARG BASE_DIGEST=
 FROM rayproject/ray-llm:${RAY_VERSION}-py312-cu130@${BASE_DIGEST:?unpinned-base-image:run-docker/pin-base.sh}
 ARG RAY_VERSION

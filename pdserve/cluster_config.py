@@ -86,7 +86,7 @@ class KubernetesSpec(FrozenSpec):
     namespace: str = Field("pdserve", description="namespace of every object")
     image: str = Field(f"pdserve:{version('pdserve')}", description=(
         "container image (see Dockerfile) on head and workers; the default is this release's tag, never `latest`"))
-    ray_version: str = Field("2.58.0", description="Ray version inside the image")
+    ray_version: str = Field("2.60.0", description="Ray version inside the image")
     head_cpus: float = Field(2.0, gt=0)
     head_memory_gib: float = Field(8.0, gt=0)
     head_node_labels: dict[str, str] = Field(default_factory=lambda: {"pdserve.io/node-role": "system"}, description=(

@@ -15,6 +15,7 @@ from bench.report import (
     knees,
     netbed,
     overhead,
+    pair_runs,
     per_request,
     ray_compare,
     side_by_side,
@@ -33,7 +34,7 @@ def renderers() -> Mapping[str, Renderer]:
                 overhead.RENDERERS, ray_compare.RENDERERS,
                 first_start.RENDERERS, bench_results.RENDERERS,
                 decode_token.RENDERERS, soak.RENDERERS, knees.RENDERERS,
-                gateway_ab.RENDERERS, per_request.RENDERERS)
+                gateway_ab.RENDERERS, per_request.RENDERERS, pair_runs.RENDERERS)
     merged: dict[str, Renderer] = {}
     for family in families:
         clash = merged.keys() & family.keys()

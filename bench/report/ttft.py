@@ -19,6 +19,11 @@ _PARTS = {
     "nixl": "pd: decode engine NIXL transfer time",
     "prefill_step": "pd: prefill engine prefill time",
     "direct_step": "direct: decode engine prefill time (scheduled -> first token)",
+    "direct_queue": "direct: decode engine queue time",
+    "decode": "pd: decode engine TTFT (arrival -> first token)",
+    "decode_queue": "pd: decode engine queue time (incl. waiting for KV)",
+    "decode_step": "pd: decode engine prefill time (scheduled -> first token)",
+    "post": "pd: decode engine NIXL post time",
 }
 # figures of one run's means (ms) the prose quotes, by the name a block gives after ``@``
 _FIGURES: dict[str, Callable[[dict[str, float]], float]] = {
@@ -29,6 +34,9 @@ _FIGURES: dict[str, Callable[[dict[str, float]], float]] = {
     "prefill_step": lambda m: m["prefill_step"],  # the prefill engine's prefill time (scheduled -> token)
     "direct_step": lambda m: m["direct_step"],
     "prefill_step_slower": lambda m: m["prefill_step"] - m["direct_step"],
+    "nixl": lambda m: m["nixl"],  # the decode engine's NIXL time (post -> completion seen)
+    "decode_outside": lambda m: m["decode"] - m["decode_queue"] - m["decode_step"],  # outside the decode engine core
+    "hops": lambda m: m["leg"] - m["prefill"] + m["handoff"] - m["decode"],  # the gateway's two HTTP hops
 }
 _RUN_FIGURES: dict[str, Callable[[float, float], float]] = {"direct": lambda direct, pd: direct, "pd": lambda direct, pd: pd,
                 "pd-direct": lambda direct, pd: pd - direct}
@@ -80,7 +88,7 @@ def _p50_p99(row: dict[str, dict[str, float]]) -> str:
 
 def split_table(results_dir: Path, folders: tuple[str, ...]) -> str:
     """Means over each run's requests (ms), from the gateway's and engines' counters around the run."""
-    means = [_means(results_dir / folder) for folder in folders]
+    means = [means_ms(results_dir / folder) for folder in folders]
     labels: list[tuple[str, Callable[[dict[str, float]], str]]] = [
         ("direct: the decode engine's own TTFT (vLLM's `time_to_first_token`)", lambda m: fixed(m["direct"])),
         ("PD: the prefill engine's own TTFT", lambda m: fixed(m["prefill"])),
@@ -100,7 +108,7 @@ def split_ms(results_dir: Path, args: tuple[str, ...]) -> str:
     """Inline, ``FOLDER... @FIGURE``: one of ``_FIGURES`` from each run's means, as a span over the runs."""
     *folders, name = args
     figure = _FIGURES[name.removeprefix("@")]
-    return span([figure(_means(results_dir / folder)) for folder in folders], 1, " ms")
+    return span([figure(means_ms(results_dir / folder)) for folder in folders], 1, " ms")
 
 
 def gateway_hop_ms(results_dir: Path, folders: tuple[str, ...]) -> str:
@@ -120,12 +128,12 @@ def run_span(results_dir: Path, args: tuple[str, ...]) -> str:
 
 def handoff_ms(results_dir: Path, folders: tuple[str, ...]) -> str:
     """Inline: the handoff to the decode engine's first token and its NIXL pull, means over each run, as spans."""
-    means = [_means(results_dir / folder) for folder in folders]
+    means = [means_ms(results_dir / folder) for folder in folders]
     return (f"{span([m['handoff'] for m in means], 0, ' ms')} at the mean, of it "
             f"{span([m['nixl'] for m in means], 0, ' ms')} NIXL")
 
 
-def _means(folder: Path) -> dict[str, float]:
+def means_ms(folder: Path) -> dict[str, float]:
     """Each part's mean in ms, and the handoff's and NIXL pull's p50."""
     _, rows = split(folder)
     stats = dict(rows)

@@ -663,7 +663,7 @@ def _run_ray_version_command(container: dict[str, Any]) -> dict[str, Any]:
     """The container's ``python -c`` under an image with Ray STANDIN_IMAGE_RAY_VERSION ('' = no Ray). The kubelet
     reads the termination message from terminationMessagePath, falling back to the log's tail on an error exit
     with FallbackToLogsOnError (kubernetes.io/docs/tasks/debug/debug-application/determine-reason-pod-failure/)."""
-    version = os.environ.get("STANDIN_IMAGE_RAY_VERSION", "2.58.0")
+    version = os.environ.get("STANDIN_IMAGE_RAY_VERSION", "2.60.0")
     path = container.get("terminationMessagePath", "/dev/termination-log")
     code = " ".join(container.get("command", []) + container.get("args", []))
     if not version:

@@ -297,7 +297,7 @@ def test_up_dry_run_shows_the_preflight_the_memlock_bootstrap_the_efa_plugin_and
     assert result.exit_code == 0, result.output
     steps = result.output.split("] gpu-nodes-ready")[1]
     assert "preflight: each of the 2 GPU nodes offers 1 nvidia.com/gpu and 1 vpc.amazonaws.com/efa" in steps
-    assert "preflight: the image's Ray is kubernetes.ray_version 2.58.0" in steps
+    assert "preflight: the image's Ray is kubernetes.ray_version 2.60.0" in steps
     cluster = result.output.split("] cluster  ")[1].split("] system-nodes")[0]
     assert "overrideBootstrapCommand: |" in cluster and "type: RLIMIT_MEMLOCK" in cluster
     assert "patch --namespace kube-system daemonset aws-efa-k8s-device-plugin --type merge" in result.output
@@ -346,7 +346,7 @@ def test_an_image_carrying_another_ray_stops_up_before_anything_is_applied(
     standins: Standins, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("STANDIN_IMAGE_RAY_VERSION", "2.54.0")
-    assert "has Ray 2.54.0, but kubernetes.ray_version is 2.58.0" in stopped_up(standins).stderr
+    assert "has Ray 2.54.0, but kubernetes.ray_version is 2.60.0" in stopped_up(standins).stderr
     assert applied_nothing(standins)
 
 
@@ -406,7 +406,7 @@ def test_a_rerun_replaces_the_check_pod_an_interrupted_run_left(
     result = cloud(standins, "up")
     assert result.exit_code == 0, result.output
     assert step_lines(result.output)["image-check-clean"][0].startswith("running: kubectl --context")
-    assert "ready: the image carries Ray 2.58.0" in result.output
+    assert "ready: the image carries Ray 2.60.0" in result.output
     assert standins.commands().count("kubectl delete pod pdserve-image-check --namespace default --ignore-not-found "
                                      "--wait=true") == 2  # the old pod first, the new one after
 

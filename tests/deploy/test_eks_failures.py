@@ -165,4 +165,4 @@ def test_a_transient_pull_error_is_waited_out_not_taken_for_a_missing_image(
     assert result.exit_code == 0, result.output
     waits = [line for line in step_lines(result.output)["image-ray-version"] if line.startswith("waiting")]
     assert any("ErrImagePull" in line and "connection reset by peer" in line for line in waits), waits
-    assert "ready: the image carries Ray 2.58.0" in result.output
+    assert "ready: the image carries Ray 2.60.0" in result.output

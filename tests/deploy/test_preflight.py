@@ -93,8 +93,8 @@ def test_an_instance_type_the_plugins_affinity_leaves_out_stops_up() -> None:
 
 
 def test_the_image_must_carry_the_configured_ray() -> None:
-    assert ray_version_problem("2.58.0\n", settings=settings()) == ""
-    assert "has Ray 2.54.0, but kubernetes.ray_version is 2.58.0" in ray_version_problem("2.54.0", settings=settings())
+    assert ray_version_problem("2.60.0\n", settings=settings()) == ""
+    assert "has Ray 2.54.0, but kubernetes.ray_version is 2.60.0" in ray_version_problem("2.54.0", settings=settings())
     assert "printed no Ray version" in ray_version_problem("ModuleNotFoundError: ray", settings=settings())
 
 
@@ -169,10 +169,10 @@ def test_the_check_pod_writes_its_ray_version_where_its_status_carries_it() -> N
     container = image_check_pod(settings())["spec"]["containers"][0]
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert container["terminationMessagePath"] in container["command"][-1]
-    ready = image_check_readiness(check_pod(phase="Succeeded", **terminated(0, "2.58.0")), settings=settings())
-    assert ready.is_ready and ready.summary == "the image carries Ray 2.58.0"
+    ready = image_check_readiness(check_pod(phase="Succeeded", **terminated(0, "2.60.0")), settings=settings())
+    assert ready.is_ready and ready.summary == "the image carries Ray 2.60.0"
     other = image_check_readiness(check_pod(phase="Succeeded", **terminated(0, "2.54.0")), settings=settings())
-    assert "has Ray 2.54.0, but kubernetes.ray_version is 2.58.0" in other.blocker
+    assert "has Ray 2.54.0, but kubernetes.ray_version is 2.60.0" in other.blocker
 
 
 def test_a_check_that_exits_non_zero_is_a_blocker_with_its_message() -> None:

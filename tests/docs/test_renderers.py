@@ -8,6 +8,7 @@ from bench.report.config_rounds import rounds_table
 from bench.report.engine_counters import decode_queue, kv_rate
 from bench.report.knees import knees_table
 from bench.report.overhead import cores_busy, proxy_criterion
+from bench.report.pair_runs import kv_under_load, load_windows, split_table
 from bench.report.ttft import split_ms
 
 RESULTS = Path(__file__).parents[2] / "docs" / "results"
@@ -74,3 +75,23 @@ def test_split_ms_takes_each_runs_difference_before_the_span() -> None:
     folders = tuple(f"h100-chat-ttft/qwen3-8b/ttft-{run}" for run in (1, 2, 3))
     assert split_ms(RESULTS, (*folders, "@prefill_step_slower")) == "2.5-3.9 ms"
     assert split_ms(RESULTS, (*folders, "@gap")) == "4.0-4.7 ms"
+
+
+def test_kv_under_load_leaves_out_the_transfers_before_the_load_and_reads_vllms_mb_as_mib() -> None:
+    # h200x2-load-xlayer: metrics-before.txt counted 40 transfers (32 warm-ups, 2 one-block requests, 6 verify probes:
+    # 34 x 18,874,368 + 6 x 452,984,832 bytes), the log's first window; the load's 400 moved 181.2 GB in 2.985 s.
+    folder = RESULTS / "h200x2-load-xlayer"
+    windows = load_windows(folder)
+    assert [window.transfers for window in windows] == [62, 70, 68, 109, 91]
+    assert round(windows[0].gb_per_s, 1) == 71.0  # 67,697.394 MiB/s, not 67.7 GB/s
+    text = kv_under_load(RESULTS, ("h200x2-load-xlayer",))
+    assert text.startswith("**60.7 GB/s** over 400 handoffs (181.2 GB in 2.985 s of NIXL time, 0 failed; "
+                           "per 10 s window 54-71 GB/s)")
+    assert "the whole log: 60.0 GB/s over 440" in text
+
+
+def test_split_table_derives_the_time_outside_the_engine_core_from_unrounded_means() -> None:
+    # decode engine TTFT 54.3, queue 24.4, scheduled -> first token 14.6 ms (rounded); unrounded the rest is 15.2 ms
+    row = next(line for line in split_table(RESULTS, ("h200-same-gpu-ttft-split",)).splitlines()
+               if "outside the engine core" in line)
+    assert [cell.strip() for cell in row.split("|")][2:4] == ["(15.9, paid once)", "15.2"]
