@@ -11,11 +11,14 @@ from pathlib import Path
 from statistics import median
 
 from bench.report.raw import read_text
-from bench.report.tables import Renderer
+from bench.report.tables import Renderer, table
 
 _MEDIAN = re.compile(r"^([AB]) \(.*?\): median ([\d.]+) us per chunk(?:, [\d.]+ us per request)?(?:, TTFT p50 ([\d.]+) ms)? over (\d+) windows",
                      re.MULTILINE)
 _WINDOW_TTFT = re.compile(r"^([AB]) \d+ streams, .*?TTFT p50 ([\d.]+) ms", re.MULTILINE)
+_WINDOW = re.compile(r"^([AB]) \d+ streams, .*?: ([\d.]+) us per chunk, .*?TTFT p50 ([\d.]+) ms", re.MULTILINE)
+_LOAD = re.compile(r"^machine at the (start|end): .*?load average ([\d.]+),", re.MULTILINE)
+_STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d):\d\d UTC")
 
 
 def ab_medians(results_dir: Path, args: tuple[str, ...]) -> str:
@@ -42,10 +45,39 @@ def ab_runs(results_dir: Path, args: tuple[str, ...]) -> str:
             f"{sum(ratio <= 1.10 for ratio in ratios)} of {len(ratios)} runs ([raw](results/{args[0]}/))")
 
 
+def ab_windows_table(results_dir: Path, args: tuple[str, ...]) -> str:
+    """One folder's run-*.txt (gateway_ab.py, one A/B comparison each): per run, its start, the 1-minute load average
+    at start and end, the medians of each tree's windows (CPU per chunk, TTFT p50) and B over A; then every window of
+    every run pooled, each tree's median."""
+    runs = sorted((results_dir / args[0]).glob("run-*.txt"), key=lambda path: int(path.stem.rsplit("-", 1)[1]))
+    rows, pooled = [], {"A": ([], []), "B": ([], [])}  # side -> (CPU per chunk, TTFT p50) of every window
+    for path in runs:
+        text = read_text(path)
+        windows = {"A": ([], []), "B": ([], [])}
+        for side, cpu, ttft in _WINDOW.findall(text):
+            for into in (windows[side], pooled[side]):
+                into[0].append(float(cpu))
+                into[1].append(float(ttft))
+        loads = dict(_LOAD.findall(text))
+        stamp = _STAMP.search(text)
+        rows.append([f"[{path.stem}](results/{args[0]}/{path.name})", stamp.group(1) if stamp else "?",
+                     f"{loads.get('start', '?')} → {loads.get('end', '?')}", *_sides(windows)])
+    rows.append(["all windows pooled", "", "", *_sides(pooled)])
+    return table(["run", "start (UTC)", "load average", "CPU µs per chunk A / B", "B/A", "TTFT p50 ms A / B", "B/A"],
+                 rows)
+
+
+def _sides(windows: dict[str, tuple[list[float], list[float]]]) -> list[str]:
+    """Each tree's window medians, CPU then TTFT, with B over A."""
+    (cpu_a, ttft_a), (cpu_b, ttft_b) = ((median(cpu), median(ttft)) for cpu, ttft in (windows["A"], windows["B"]))
+    return [f"{cpu_a:.1f} / {cpu_b:.1f}", f"**{cpu_b / cpu_a:.3f}**", f"{ttft_a:.2f} / {ttft_b:.2f}",
+            f"**{ttft_b / ttft_a:.3f}**"]
+
+
 def _window_median(text: str, side: str) -> str:
     """The median TTFT p50 of one side's windows, where the summary line gives none."""
     values = [float(ttft) for window_side, ttft in _WINDOW_TTFT.findall(text) if window_side == side]
     return f"{median(values):.2f}" if values else ""
 
 
-RENDERERS: dict[str, Renderer] = {"ab_medians": ab_medians, "ab_runs": ab_runs}
+RENDERERS: dict[str, Renderer] = {"ab_medians": ab_medians, "ab_runs": ab_runs, "ab_windows_table": ab_windows_table}

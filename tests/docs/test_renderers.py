@@ -6,6 +6,7 @@ from pathlib import Path
 
 from bench.report.config_rounds import rounds_table
 from bench.report.engine_counters import decode_queue, kv_rate
+from bench.report.gateway_ab import ab_windows_table
 from bench.report.knees import knees_table
 from bench.report.overhead import cores_busy, proxy_criterion
 from bench.report.pair_runs import kv_under_load, load_windows, split_table
@@ -95,3 +96,24 @@ def test_split_table_derives_the_time_outside_the_engine_core_from_unrounded_mea
     row = next(line for line in split_table(RESULTS, ("h200-same-gpu-ttft-split",)).splitlines()
                if "outside the engine core" in line)
     assert [cell.strip() for cell in row.split("|")][2:4] == ["(15.9, paid once)", "15.2"]
+
+
+def _ab_run(folder: Path, number: int, windows: list[tuple[str, float, float]]) -> None:
+    lines = ["machine at the start: AMD EPYC, 2 cores, load average 1.00, 1.00, 1.00, 2026-12-08 01:00:00 UTC"]
+    lines += [f"{side} 128 streams, 2 worker(s): {cpu} us per chunk, 1 us per request (1 sent), 0.4 cores, 1 chunks/s; "
+              f"TTFT p50 {ttft} ms, ITL p99 1.0 ms, 0 errors" for side, cpu, ttft in windows]
+    lines.append("machine at the end: AMD EPYC, 2 cores, load average 2.00, 1.00, 1.00, 2026-12-08 01:02:00 UTC")
+    (folder / f"run-{number}.txt").write_text("\n".join(lines) + "\n")
+
+
+def test_ab_windows_table_pools_every_window_rather_than_taking_a_median_of_run_ratios(tmp_path: Path) -> None:
+    folder = tmp_path / "cost"
+    folder.mkdir()
+    _ab_run(folder, 1, [("A", 10.0, 20.0), ("B", 20.0, 20.0), ("B", 20.0, 20.0), ("A", 10.0, 20.0)])  # B/A 2
+    _ab_run(folder, 2, [("A", 30.0, 20.0), ("B", 15.0, 20.0), ("B", 15.0, 20.0), ("A", 30.0, 20.0)])  # B/A 0.5
+    _ab_run(folder, 10, [("A", 20.0, 10.0), ("B", 21.0, 11.0), ("B", 21.0, 11.0), ("A", 20.0, 10.0)])  # 1.05
+    rows = [line.split("|") for line in ab_windows_table(tmp_path, ("cost",)).splitlines()[2:]]
+    assert [row[1].split("]")[0] for row in rows[:3]] == [" [run-1", " [run-2", " [run-10"]  # natural order
+    assert rows[0][3].strip() == "1.00 → 2.00" and rows[0][5].strip() == "**2.000**"
+    # pooled: A's windows 10, 10, 30, 30, 20, 20 -> 20; B's 20, 20, 15, 15, 21, 21 -> 20; TTFT A 20, B 20 -> 1.000
+    assert rows[3][4].strip() == "20.0 / 20.0" and rows[3][5].strip() == "**1.000**"
