@@ -115,7 +115,8 @@ def verify(
     prompt_tokens: Annotated[int | None, typer.Option(help="Probe prompt length (default: near max_model_len).")] = None,
     probes: Annotated[int, typer.Option(min=1, help="Probes per pair; the fastest is judged.")] = 3,
     slack_ms: Annotated[float | None, typer.Option(
-        min=0, help="Time a transfer may take beyond its bytes at the bar (default: 5 on host memory, else 0).")] = None,
+        min=0, help="Time a transfer may take beyond its bytes at the bar (default: 5 on host memory, else 0; "
+             "0 with --expected-gbps).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Check the KV transfer path of a running deployment; exit 1 and say what to change if slow."""

@@ -95,7 +95,8 @@ class GatewaySpec(FrozenSpec):
         "were slow, else a note that the decode engine was busy"))
     slow_kv_gbps: float = Field(0.5, gt=0, description="warn when engines move KV slower than this")
     slow_kv_min_ms: float = Field(100.0, ge=0, description=(
-        "but not when transfers take less than this on average: small ones are latency-bound"))
+        "what one transfer may take beyond its bytes at slow_kv_gbps, unblamed on the link: small ones are "
+        "latency-bound (pd/slow_kv.py)"))
     kv_scrape_interval_s: float = Field(5.0, gt=0, description="how often engines' KV counters are read")
     workers: int = Field(default_factory=lambda: len(os.sched_getaffinity(0)), ge=1, description=(
         "gateway processes sharing the port (SO_REUSEPORT); default: the cores available. "

@@ -48,6 +48,13 @@ WHOLE_PROMPT_KEPT_KEY = "pdserve_whole_prompt_kept"
 # token, and the decode engine loads all of it and undoes that (restore_last.py).
 RESTORE_LAST_KEY = "pdserve_restore_last"
 
+# The key of a prefill reply's ``kv_transfer_params`` that carries a digest of each block it hands over, which the
+# decode engine checks after its pull (kv_integrity.py); the gateway passes it on untouched and reads only whether it
+# is there (pdserve/pd/kv_proof.py).
+KV_DIGEST_KEY = "pdserve_kv_digest"
+# Test-only: a file naming the fault an engine injects into its KV handoffs (fault_injection.py); unset, none is.
+KV_FAULT_ENV = "PDSERVE_KV_FAULT_FILE"
+
 
 def pause_progress_thread(bindings: Any, delay_us: int) -> None:
     """Every NIXL agent made through ``bindings`` (NIXL's compiled module, ``nixlBind`` in its

@@ -29,6 +29,7 @@ class Hook(StrEnum):
     ENGINE_SERVER = "pdserve_vllm/engine_server.py"
     NIXL_PROGRESS = "pdserve_vllm/nixl_progress.py"
     HYBRID_CONNECTOR = "pdserve_vllm/hybrid_connector.py"
+    KV_INTEGRITY = "pdserve_vllm/kv_integrity.py"
     FIRST_TOKEN = "pdserve_vllm/first_token.py"
     SIDE_CHANNEL = "pdserve_vllm/side_channel.py"
     ENGINE_KEY = "pdserve_vllm/engine_key.py"
@@ -182,6 +183,44 @@ HYBRID_CONNECTOR_NAMES = (
                    "MambaSpec.mamba_cache_mode")),
 )
 
+SINCE_0_30 = VersionRange(since="0.30.0")  # the worker's transfer results with failed receives, by request
+_INTEGRITY_WHY = "kv_integrity.py digests a prefill's blocks and checks a pull's (nixl_progress.NixlConnector)"
+KV_INTEGRITY_NAMES = (
+    VllmName(f"{NIXL}.metadata", "NixlConnectorMetadata.reqs_to_recv", Kind.ATTRIBUTE, Hook.KV_INTEGRITY,
+             why="the pulls a step starts, whose blocks the worker checks once they land"),
+    VllmName(f"{NIXL}.metadata", "ReqMeta.local_block_ids", Kind.ATTRIBUTE, Hook.KV_INTEGRITY,
+             why="the blocks a pull writes, one list per KV cache group"),
+    *(VllmName("vllm.distributed.kv_transfer.kv_connector.v1.base", name, Kind.CLASS, Hook.KV_INTEGRITY,
+               versions=SINCE_0_30, why=why) for name, why in (
+        ("KVConnectorWorkerMetadata", "the digests ride from worker to scheduler as one (DigestReport)"),
+        ("KVConnectorTransferResults", "a pull whose blocks differ is added to its failed_recving"))),
+    *(VllmName("vllm.distributed.kv_transfer.kv_connector.v1.base", f"KVConnectorBase_V1.{method}", Kind.FUNCTION,
+               Hook.KV_INTEGRITY, shape=shape, versions=SINCE_0_30, why=_INTEGRITY_WHY) for method, shape in (
+        ("build_connector_worker_meta", "self"), ("get_transfer_results", "self, finished_req_ids"),
+        ("update_connector_output", "self, connector_output"))),
+    VllmName("vllm.distributed.kv_transfer.kv_connector.v1.base", "KVConnectorBase_V1._kv_cache_manager",
+             Kind.ATTRIBUTE, Hook.KV_INTEGRITY, versions=SINCE_0_30,
+             why="the block ids of a prefill whose prompt a step ends, digested after that step's forward"),
+    VllmName("vllm.v1.core.sched.scheduler", "Scheduler.update_from_output", Kind.BRANCH, Hook.KV_INTEGRITY,
+             shape="self._update_from_kv_xfer_finished(kv_connector_output)", versions=SINCE_0_30,
+             why="the step's worker output reaches the connector after request_finished: the reply waits for it"),
+    VllmName("vllm.v1.core.sched.scheduler", "Scheduler._handle_failed_recving", Kind.BRANCH, Hook.KV_INTEGRITY,
+             shape="self.failed_recving_kv_req_ids.add(req_id)", versions=SINCE_0_30,
+             why="a failed pull under the recompute policy is computed again from its first token"),
+    *(VllmName("vllm.v1.kv_cache_interface", f"MambaSpec.{name}", Kind.ATTRIBUTE, Hook.KV_INTEGRITY,
+               why="a recurrent state's bytes at the start of its padded page: what NIXL moves and the digest covers")
+      for name in ("shapes", "dtypes")),
+    *(VllmName(WORKER, f"NixlBaseConnectorWorker.{name}", Kind.ATTRIBUTE, Hook.KV_INTEGRITY,
+               why="the prefill side digests the buffer NIXL reads: the host buffer where KV is staged there")
+      for name in ("use_host_buffer", "host_xfer_buffers")),
+    VllmName(WORKER, "NixlBaseConnectorWorker.tp_rank", Kind.ATTRIBUTE, Hook.KV_INTEGRITY,
+             why="each tensor-parallel rank digests and checks its own part of the heads"),
+    VllmName("vllm.v1.core.sched.output", "SchedulerOutput.num_scheduled_tokens", Kind.ATTRIBUTE, Hook.KV_INTEGRITY,
+             why="which prefills a step ends"),
+    *(VllmName("vllm.v1.request", f"Request.{name}", Kind.ATTRIBUTE, Hook.KV_INTEGRITY,
+               why="which prefills a step ends") for name in ("num_computed_tokens", "num_prompt_tokens")),
+)
+
 FIRST_TOKEN_NAMES = (
     *(VllmName(LOGITS_PROCESSOR, name, Kind.NAME, Hook.FIRST_TOKEN, versions=V1_ONLY,
                why="FirstTokenProcessor implements vLLM's V1 logits-processor interface")
@@ -252,7 +291,7 @@ COMMAND_NAMES = (
 )
 
 CONTRACT: tuple[VllmName, ...] = (ENGINE_SERVER_NAMES + NIXL_PROGRESS_NAMES + HYBRID_CONNECTOR_NAMES
-                                  + FIRST_TOKEN_NAMES + SIDE_CHANNEL_NAMES + ENGINE_KEY_NAMES + COMMAND_NAMES)
+                                  + KV_INTEGRITY_NAMES + FIRST_TOKEN_NAMES + SIDE_CHANNEL_NAMES + ENGINE_KEY_NAMES + COMMAND_NAMES)
 
 LIMITS = (
     Limit(Feature.FIRST_TOKEN, Hook.FIRST_TOKEN, V2_ONLY,

@@ -33,6 +33,7 @@ from vllm.v1.kv_cache_interface import MambaSpec
 
 from pdserve_vllm import RESTORE_LAST_KEY, restore_last
 from pdserve_vllm.host_mirror import HostMirror, mirror_on_host
+from pdserve_vllm.kv_integrity import cache_views
 from pdserve_vllm.nixl_progress import NixlConnector as ProgressNixlConnector
 from pdserve_vllm.whole_prompt import keep_whole_prompt, keeps_whole_prompt, mark_reply
 
@@ -89,7 +90,6 @@ class NixlConnector(ProgressNixlConnector):
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
-        self._kv_cache_config = kv_cache_config
         self._restores: dict[str, int] = {}  # decode request id -> its prompt tokens, until it recomputes the last
         self._layers: dict[int, list[torch.Tensor]] = {}  # KV cache group -> its layers' caches, indexed by block
         self._kept_states: list[tuple[torch.Tensor, int, torch.Tensor]] = []  # (tensor, block, copy) over a step
@@ -126,7 +126,7 @@ class NixlConnector(ProgressNixlConnector):
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         meta = super().build_connector_meta(scheduler_output)
         # vLLM hands its metadata object to the workers as it is (pickled): one attribute more rides along
-        meta.pdserve_kept_states = self._restored_over(scheduler_output)  # type: ignore[attr-defined]
+        meta.pdserve_kept_states = self._restored_over(scheduler_output)
         return meta
 
     def _restored_over(self, scheduler_output: Any) -> list[tuple[int, int]]:
@@ -143,18 +143,9 @@ class NixlConnector(ProgressNixlConnector):
             self._restores.pop(req_id, None)
         return kept
 
-    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        delay_free, params = super().request_finished(request, block_ids)
-        return delay_free, self._finished(request, params)
-
-    def request_finished_all_groups(  # vLLM's scheduler calls this one for a hybrid (SupportsHMA)
-            self, request: Any, block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
-        delay_free, params = super().request_finished_all_groups(request, block_ids)
-        return delay_free, self._finished(request, params)
-
     def _finished(self, request: Any, params: dict[str, Any] | None) -> dict[str, Any] | None:
         self._restores.pop(request.request_id, None)
-        return mark_reply(request.kv_transfer_params, params)
+        return super()._finished(request, mark_reply(request.kv_transfer_params, params))
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         super().bind_connector_metadata(connector_metadata)
@@ -167,48 +158,14 @@ class NixlConnector(ProgressNixlConnector):
         for tensor, block, kept in self._kept_states:  # after the forward: the blocks as they were before it
             tensor[block].copy_(kept)
         self._kept_states = []
-        super().wait_for_save()  # type: ignore[no-untyped-call]
+        super().wait_for_save()
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         worker = self.connector_worker
         if worker is not None and worker.use_host_buffer and worker._has_mamba:
             _stage_through_mirror(worker)
-        config = self._kv_cache_config
-        self._layers = {group: [view for name in config.kv_cache_groups[group].layer_names if name in kv_caches
-                                for view in _state_views(kv_caches[name], page_size_bytes=spec.page_size_bytes,
-                                                         num_blocks=config.num_blocks)]
-                        for group in _state_groups(config)
-                        for spec in [config.kv_cache_groups[group].kv_cache_spec]}
-        self._layers.update({group: [_attention_blocks(kv_caches[name], num_blocks=config.num_blocks)
-                                     for name in config.kv_cache_groups[group].layer_names if name in kv_caches]
-                             for group in _attention_block_sizes(config)})
+        self._layers = cache_views(kv_caches, self._kv_cache_config)
         super().register_kv_caches(kv_caches)
-
-
-def _state_views(cache: Any, *, page_size_bytes: int, num_blocks: int) -> list[torch.Tensor]:
-    """A recurrent layer's KV cache as tensors whose first index is the block: 0.32 gives one tensor whose block
-    ``b`` (conv and SSM state) starts ``b * page_size_bytes`` after its start, as NIXL registers it (base_worker.py,
-    register_kv_caches), seen here as one row of bytes per block; 0.26 a list of state tensors (conv, ssm)."""
-    if isinstance(cache, list | tuple):
-        return list(cache)
-    storage = cache.untyped_storage()
-    pages = torch.empty(0, dtype=torch.uint8, device=cache.device)
-    return [pages.set_(storage, cache.data_ptr() - storage.data_ptr(), (num_blocks, page_size_bytes),
-                       (page_size_bytes, 1))]
-
-
-def _attention_blocks(cache: torch.Tensor, *, num_blocks: int) -> torch.Tensor:
-    """An attention layer's KV cache indexed by logical block. vLLM lays a hybrid model's out with blocks outermost in
-    memory, each as whole kernel blocks where its kernels take smaller ones, whatever the dimension's place in the
-    shape (``_update_hybrid_attention_mamba_layout``, 0.26: (2, blocks, ...) restrided; ``allocate_kv_cache``, 0.32:
-    blocks first). Raises ValueError on another layout: a decode engine that could not undo its recompute of a
-    prompt's last token would write a wrong reply (restore_last.py)."""
-    block_dim = max(range(cache.dim()), key=cache.stride)
-    if cache.shape[block_dim] % num_blocks:
-        raise ValueError(f"pdserve: an attention KV cache of shape {tuple(cache.shape)} and strides {cache.stride()} "
-                         f"has no dimension of {num_blocks} blocks outermost")
-    moved = cache.movedim(block_dim, 0)
-    return moved.view(num_blocks, -1, *moved.shape[1:])  # splitting one dimension: a view whatever its strides
 
 
 def _attention_block_sizes(kv_cache_config: Any) -> dict[int, int]:

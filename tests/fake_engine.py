@@ -33,6 +33,9 @@ class FakeEngine:
     reject_message: str = "prompt too long"
     break_stream_after: int | None = None  # drop the connection after N chunks
     error_event_after: int | None = None  # end the stream after N chunks as vLLM does when its engine core dies
+    # End the stream after N chunks as vLLM does when it stops (Ctrl-C) with the request in flight: the request's
+    # output finished as aborted (v1/engine FinishReason.ABORT), then [DONE]; compact JSON, as pydantic writes it.
+    abort_after: int | None = None
     token_delay_s: float = 0.0
     # Silent this long after N chunks, then on: a starved engine (seen in tests/e2e/test_faults.py beside CPU hogs,
     # a decode engine sending nothing for 10 s and then finishing its streams).
@@ -49,6 +52,11 @@ class FakeEngine:
     models_requests: int = 0
     served_model: str = "pdserve-demo"  # any other model gets vLLM's 404
     words: list[str] = field(default_factory=lambda: list(WORDS))  # what it generates, one token each
+    # Token events written at once, in one HTTP chunk: a burst, as a busy engine's socket delivers them.
+    burst: int = 1
+    # Between ``data: [DONE]`` and the reply's last chunk: uvicorn writes them apart, and an SSE client
+    # that stops at [DONE] may close its connection in between.
+    end_delay_s: float = 0.0
     prefill_stops_short: int = 0  # prompt tokens a prefill leaves to the decode engine (1: a hybrid model's)
     # A hybrid's prefill engine running pdserve_vllm.hybrid_connector: one asked for the whole prompt computes it.
     keeps_whole_prompt: bool = False
@@ -183,12 +191,17 @@ class FakeEngine:
                 await gate.wait()
             if is_chat:  # vLLM opens a chat stream with the role, as OpenAI does
                 yield f"data: {json.dumps({'choices': [{'delta': {'role': 'assistant', 'content': ''}}]})}\n\n".encode()
+            burst: list[bytes] = []
             for index, word in enumerate(self.words):
                 if self.break_stream_after is not None and index == self.break_stream_after:
                     raise ConnectionResetError("fake engine died")
                 if self.error_event_after is not None and index == self.error_event_after:
                     error = {"message": "EngineCore encountered an issue.", "type": "InternalServerError", "code": 500}
                     yield f"data: {json.dumps({'error': error})}\n\ndata: [DONE]\n\n".encode()
+                    return
+                if self.abort_after is not None and index == self.abort_after:
+                    aborted = {"index": 0, "finish_reason": "abort", **({"delta": {}} if is_chat else {"text": ""})}
+                    yield f"data: {json.dumps({'choices': [aborted]}, separators=(',', ':'))}\n\ndata: [DONE]\n\n".encode()
                     return
                 await asyncio.sleep(self.pause_s if index == self.pause_after else self.token_delay_s)
                 if index == 0 and self.metrics_when_decoding is not None:  # the KV pull ends before decoding starts
@@ -197,10 +210,16 @@ class FakeEngine:
                 if is_chat and delta is None:
                     continue
                 choice = {"delta": delta} if is_chat else {"text": word}
-                yield f"data: {json.dumps({'choices': [choice]})}\n\n".encode()
+                burst.append(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
+                if len(burst) == self.burst:
+                    yield b"".join(burst)
+                    burst.clear()
+            if burst:
+                yield b"".join(burst)
             if usage is not None:  # vLLM's last event with include_usage: compact JSON, no choices
                 yield f"data: {json.dumps({'choices': [], 'usage': usage}, separators=(',', ':'))}\n\n".encode()
             yield b"data: [DONE]\n\n"
+            await asyncio.sleep(self.end_delay_s)
         except (asyncio.CancelledError, GeneratorExit):
             self.streams_closed_early += 1
             raise

@@ -50,7 +50,7 @@ from pdserve.deploy.runner import Progress, capture, require_tools
 from pdserve.engines.kv_link import is_efa_asked
 from pdserve.engines.kv_path import BUFFER_NOTE, NOTE_PREFIX, KvPath, kv_path_from_log
 from pdserve.errors import DeployError
-from pdserve.gateway.kv_monitor import check_window
+from pdserve.gateway.kv_monitor import check_window, gateway_bar
 from pdserve.pd.pair import COMPLETIONS
 from pdserve.pd.transfer_stats import TransferCounters
 from pdserve.protocol import PD_MODE_HEADER
@@ -196,7 +196,7 @@ async def _kv_transfers(session: aiohttp.ClientSession, gateway_url: str, settin
     spec = settings.gateway
     checks = []
     for url, total in sorted(counters.items()):
-        warning = check_window(url, total, slow_kv_gbps=spec.slow_kv_gbps, min_ms=spec.slow_kv_min_ms)
+        warning = check_window(url, total, bar=gateway_bar(spec))
         checks.append(Check("kv-transfers", "FAIL" if warning else "OK", warning or (
             f"{url}: {total.transfers:.0f} transfers, {total.bytes / 1e6:.1f} MB at {total.gbps:.3g} GB/s")))
     return checks

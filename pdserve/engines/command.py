@@ -28,6 +28,10 @@ from pdserve_vllm import ENGINE_KEY_MIDDLEWARE, FIRST_TOKEN_PROCESSOR, PROGRESS_
 
 # vLLM's server, whose engine core a CPU engine may fork instead of spawning (pdserve_vllm/engine_server.py).
 CPU_SERVER_MODULE = "pdserve_vllm.engine_server"
+# What the gateway and the supervisor poll, several times a second in all: left out of the engine's access log,
+# which keeps every client request's line (vLLM's uvicorn filter matches these paths exactly:
+# vllm/logging_utils/uvicorn_logging.py, UvicornAccessLogFilter).
+POLLED_PATHS = ("/health", "/metrics")
 CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # a CPU engine's cores
 OTLP_PROTOCOL_ENV = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 # Where vLLM keeps torch.compile's output (VLLM_CACHE_ROOT/torch_compile_cache); a start that finds it
@@ -88,6 +92,7 @@ def build_engine_command(
                                                               is_cross_layer=is_cross_layer, layout=layout.layout)),
         *_block_size_args(spec, kv),
         "--enable-prompt-tokens-details",  # each reply's cached tokens: proof its KV crossed (pd/kv_proof.py)
+        "--disable-access-log-for-endpoints", ",".join(POLLED_PATHS),
         # Every route but GET /health requires the engine key; vLLM's own --api-key guards only /v1 and a few more.
         "--middleware", ENGINE_KEY_MIDDLEWARE,
         *needs.args,

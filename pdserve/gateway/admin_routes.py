@@ -19,6 +19,7 @@ from pdserve.errors import BadRequest
 from pdserve.gateway import dashboard
 from pdserve.gateway.client_reply import JSON
 from pdserve.gateway.engine_rows import EngineRow, engine_rows, rows_json, with_leg_counts, workers_counted
+from pdserve.gateway.kv_monitor import gateway_bar
 from pdserve.gateway.metrics import GatewayMetrics
 from pdserve.gateway.recent import RecentRequests
 from pdserve.gateway.request_input import authorization, check_state_change, header_map, read_body
@@ -107,5 +108,5 @@ class AdminRoutes:
         rows = engine_rows(self.pool, now_s=time.monotonic(), max_age_s=self.settings.routing.load_max_age_s)
         rows, families = await dashboard.with_metrics(rows, self.metrics, self._worker)
         body = dashboard.state(rows, families, self.recent.latest(), worker=self._worker,
-                              kv_bar_gbps=self.settings.gateway.slow_kv_gbps)
+                              kv_bar=gateway_bar(self.settings.gateway))
         return Response(json.dumps(body), media_type=JSON, headers={"cache-control": "no-store"})

@@ -168,7 +168,7 @@ class Gateway:
                 with DisconnectGuard(receive, lost=connection.get("lost")):
                     async with self.admission.gateway_slot():  # held until the last byte, whatever ends it
                         reply = await self._run(call)
-                        status = 200  # from here on, failures reach the client inside the stream
+                        mode, status = reply.mode or mode, 200  # from here on, failures reach the client in the stream
                         try:
                             await send_reply(send, reply, request_id=call_id, transport=connection.get("transport"))
                         finally:

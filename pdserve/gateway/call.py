@@ -70,9 +70,11 @@ class Reply:
     iterated (client gone before the first byte) cannot clean up after itself.
     ``first_chunk_ready``: the stream's first chunk is in hand (the prefill engine's token), so the
     response head may wait for it and leave in the same packet.
+    ``mode``: how the request is served (PD or local), whatever the client asked; the metrics' label.
     """
 
     json_body: bytes | None = None
     stream: Callable[[ClientSocket | None], AsyncIterator[bytes]] | None = None
     close: Callable[[], None] = lambda: None
     first_chunk_ready: bool = False
+    mode: Mode | None = None

@@ -24,9 +24,10 @@ from starlette.responses import Response
 
 from pdserve.access import Access, AccessKeys
 from pdserve.gateway.engine_rows import EngineRow, with_leg_counts
-from pdserve.gateway.metrics import GatewayMetrics
+from pdserve.gateway.metrics import ENGINE_KV_SLOW, GatewayMetrics
 from pdserve.gateway.recent import FinishedRequest
 from pdserve.gateway.workers import Worker
+from pdserve.pd.slow_kv import KvBar
 from pdserve.role import Role
 
 PAGE_PATH, STATE_PATH = "/dashboard", "/dashboard/state"
@@ -36,7 +37,8 @@ _TTFT, _ITL = "pdserve_time_to_first_token_seconds", "pdserve_inter_token_latenc
 _KV_FIELDS = {"pdserve_engine_kv_transfer_bytes_total": "kv_bytes",
               "pdserve_engine_kv_transfer_seconds_total": "kv_seconds",
               "pdserve_engine_kv_transfers_total": "kv_transfers",
-              "pdserve_engine_kv_transfer_failures_total": "kv_failures"}
+              "pdserve_engine_kv_transfer_failures_total": "kv_failures",
+              ENGINE_KV_SLOW: "kv_slow"}  # the gateway's verdict (gateway/kv_monitor.py): the page's alarm
 # The page loads nothing but itself and its state: a stray external asset is refused (and logged by the browser).
 _PAGE_HEADERS = {
     "cache-control": "no-store",
@@ -87,10 +89,11 @@ async def with_metrics(rows: Sequence[EngineRow], metrics: GatewayMetrics,
 
 
 def state(rows: Sequence[EngineRow], families: Sequence[Metric], recent: Sequence[FinishedRequest], *,
-          worker: Worker | None, kv_bar_gbps: float) -> dict[str, Any]:
+          worker: Worker | None, kv_bar: KvBar) -> dict[str, Any]:
     """What the page draws, as JSON-ready data. Counters are cumulative (the page takes the
-    differences between polls); times are seconds; ``kv_bar_gbps`` is the KV rate under which the
-    gateway warns (gateway.slow_kv_gbps), drawn across the KV chart. Pure but for reading the clock."""
+    differences between polls); times are seconds; ``kv_bar`` is the gateway's (gateway.slow_kv_gbps and
+    slow_kv_min_ms), its rate drawn across the KV chart; the alarm is the gateway's own verdict
+    (``kv_slow``: engines judged slow), never the page's. Pure but for reading the clock."""
     samples = list(samples_of(families))
     kv = _kv_by_endpoint(samples)
     return {
@@ -105,7 +108,8 @@ def state(rows: Sequence[EngineRow], families: Sequence[Metric], recent: Sequenc
         "ttft": histogram(samples, _TTFT),
         "itl": histogram(samples, _ITL),
         "kv": {field: sum(engine.get(field, 0.0) for engine in kv.values()) for field in _KV_FIELDS.values()},
-        "kv_bar_gbps": kv_bar_gbps,
+        "kv_bar_gbps": kv_bar.gbps,
+        "kv_allowance_ms": kv_bar.allowance_ms,
     }
 
 

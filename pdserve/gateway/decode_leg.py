@@ -18,6 +18,18 @@ from pdserve.routing.pool import Endpoint
 
 # How vLLM's server ends a stream whose request failed in the engine (its engine core died, say).
 ENGINE_ERROR_EVENT = b'data: {"error"'
+# And one the engine aborted: vLLM stopping (Ctrl-C, a restart) with the request in flight ends it so.
+ENGINE_ABORT_MARK = b'"finish_reason":"abort"'
+
+
+def failed_event_at(chunk: bytes) -> int:
+    """Where, in ``chunk``, the event starts that ends the engine's stream as failed: its error event, or an
+    event it aborted (a client given that would take a cut reply for a finished one); -1: none. Pure."""
+    at = chunk.find(ENGINE_ERROR_EVENT)
+    if (aborted := chunk.find(ENGINE_ABORT_MARK)) >= 0:
+        start = chunk.rfind(b"data: ", 0, aborted)
+        at = start if at < 0 else min(at, start)
+    return at
 
 
 class EngineErrorEvent(Exception):

@@ -3,8 +3,9 @@ KV-transfer telemetry, by which the gateway's handoffs are judged.
 
 A handoff (prefill done -> first decoded token) also waits in the decode engine's queue, so a
 slow one alone says nothing about the transport. WARN only when the engine's own transfers were
-slow or failed; a slow handoff with fast transfers is load, noted at INFO at most once per
-``gateway.busy_log_interval_s`` per engine.
+slow (pd/slow_kv.py, the rule `pdserve verify` judges by too) or failed; the verdict of each
+engine's last window is the live page's alarm (``pdserve_engine_kv_slow``). A slow handoff with
+fast transfers is load, noted at INFO at most once per ``gateway.busy_log_interval_s`` per engine.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pdserve.gateway.engine_state import EngineState, parse_engine_state
 from pdserve.gateway.handoffs import Handoffs, HandoffTally
 from pdserve.gateway.metrics import EngineKVCollector
 from pdserve.gateway_config import GatewaySpec
+from pdserve.pd.slow_kv import KvBar
 from pdserve.pd.transfer_stats import SAMPLE_PREFIXES as COUNTER_SAMPLES
 from pdserve.pd.transfer_stats import TransferCounters, fetch_metrics_text, parse_counters
 from pdserve.role import Role
@@ -59,19 +61,24 @@ def select_samples(metrics_text: str, prefixes: tuple[str, ...]) -> str:
     return "".join(line for line in metrics_text.splitlines(keepends=True) if line.startswith(prefixes))
 
 
-def check_window(url: str, window: TransferCounters, *, slow_kv_gbps: float, min_ms: float) -> str | None:
+def gateway_bar(spec: GatewaySpec) -> KvBar:
+    """The bar the gateway judges each engine's transfers by: ``slow_kv_gbps``, allowing ``slow_kv_min_ms`` each."""
+    return KvBar(gbps=spec.slow_kv_gbps, allowance_ms=spec.slow_kv_min_ms)
+
+
+def check_window(url: str, window: TransferCounters, *, bar: KvBar) -> str | None:
     """A warning for one scrape window of one engine, or None when it looks fine. Pure.
 
     A few short prompts' KV (0.1 MB) moves at a low GB/s because each transfer costs a fixed
-    latency; only transfers that also take ``min_ms`` or more on average count as slow.
+    latency: ``bar.allowance_ms`` a transfer is not blamed on the link (pd/slow_kv.py).
     """
     if window.failed > 0:
         return f"decode engine {url}: {window.failed:.0f} KV transfer(s) FAILED; run `pdserve verify`"
-    average_ms = window.seconds / window.transfers * 1000 if window.transfers > 0 else 0.0
-    if window.transfers > 0 and window.gbps < slow_kv_gbps and average_ms >= min_ms:
+    if bar.is_slow(window):
+        average_ms = window.seconds / window.transfers * 1000
         return (f"SLOW KV transfer path to decode engine {url}: {window.transfers:.0f} transfer(s), "
-                f"{window.bytes / 1e6:.1f} MB at {window.gbps:.3g} GB/s (< {slow_kv_gbps:g} GB/s), "
-                f"{average_ms:.0f} ms each; run `pdserve verify`")
+                f"{window.bytes / 1e6:.1f} MB at {window.gbps:.3g} GB/s, {average_ms:.0f} ms each, under "
+                f"{bar.gbps:g} GB/s allowing {bar.allowance_ms:g} ms a transfer; run `pdserve verify`")
     return None
 
 
@@ -80,7 +87,7 @@ def check_transport(
 ) -> str | None:
     """The WARNING for one window when the engine's own transfers failed, were slow on average
     or one alone took longer than ``spec.slow_handoff_warn_s``; None otherwise. Pure."""
-    warning = check_window(url, window, slow_kv_gbps=spec.slow_kv_gbps, min_ms=spec.slow_kv_min_ms)
+    warning = check_window(url, window, bar=gateway_bar(spec))
     if warning is None and slow_transfers > 0:
         warning = (f"SLOW KV transfer to decode engine {url}: {slow_transfers:.0f} transfer(s) alone took over "
                    f"{spec.slow_handoff_warn_s * 1000:.0f} ms; run `pdserve verify`")
@@ -160,6 +167,7 @@ class KVMonitor:
             url, transfer_s=window.seconds / window.transfers if window.transfers > 0 else None)
         slow_transfers = reading.state.slow_transfers - previous.state.slow_transfers
         warning = check_transport(url, window, slow_transfers=slow_transfers, handoffs=handoffs, spec=self._spec)
+        self._collector.is_slow[url] = warning is not None
         if warning is not None:
             log.warning("%s", warning)
         else:

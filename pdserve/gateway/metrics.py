@@ -20,6 +20,7 @@ _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.7
 _TOKEN_GAP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
 MODES = ("pd", "local")
 ENGINE_LEGS_IN_FLIGHT, ENGINE_LEGS_SENT = "pdserve_engine_legs_in_flight", "pdserve_engine_legs_sent"
+ENGINE_KV_SLOW = "pdserve_engine_kv_slow"
 WORKERS_COUNTED = "pdserve_gateway_workers_counted"
 
 
@@ -28,7 +29,7 @@ class ModeMetrics:
     """Histograms already bound to one mode's label, so the per-token path does no lookups."""
 
     ttft: Histogram
-    itl: GapCounts  # observed per relayed chunk: lock-free
+    itl: GapCounts  # observed per token event relayed: lock-free
     e2e: Histogram
 
 
@@ -46,7 +47,8 @@ class GatewayMetrics:
             ["mode"], buckets=_LATENCY_BUCKETS_S, registry=self.registry,
         )
         itl = GapHistogram(
-            "pdserve_inter_token_latency_seconds", "Gap between consecutive streamed chunks.",
+            "pdserve_inter_token_latency_seconds",
+            "Gap between consecutive streamed token events; a burst's events after its first count 0.",
             label="mode", values=MODES, buckets_s=_TOKEN_GAP_BUCKETS_S,
         )
         self.registry.register(itl)
@@ -102,6 +104,12 @@ class GatewayMetrics:
             "pulling its KV: its usage's cached tokens fell short of the prefilled ones (pd/kv_proof.py), by reason.",
             ["reason"], registry=self.registry,
         )
+        self.kv_integrity = Counter(
+            "pdserve_kv_integrity", "PD requests by what their decode engine's check of the pulled KV against the "
+            "prefill engine's block digests came to (pd/kv_proof.py's IntegrityResult; recomputed: it found them "
+            "different, or the pull failed, and computed the prompt before any token), by route.",
+            ["result", "route"], registry=self.registry,
+        )
         self.disaggregation_decisions = Counter(
             "pdserve_disaggregation_decisions",
             "Requests by how they were served (pd: prefill engine then decode engine; local: the decode "
@@ -147,6 +155,7 @@ class EngineKVCollector(Collector):
 
     def __init__(self, pool: Pool | None = None) -> None:
         self.latest: dict[str, TransferCounters] = {}
+        self.is_slow: dict[str, bool] = {}  # the gateway's verdict on the last window judged (gateway/kv_monitor.py)
         self._pool = pool
 
     def collect(self) -> Iterator[Metric]:
@@ -163,6 +172,11 @@ class EngineKVCollector(Collector):
                 path = paths.get(url, KvPath())
                 family.add_metric([url, ",".join(path.backends), path.provider], getattr(counters, field))
             yield family
+        slow = GaugeMetricFamily(ENGINE_KV_SLOW, "1 while the gateway judges the decode engine's KV transfers slow or "
+                                 "failing (its WARNING; pd/slow_kv.py), else 0.", labels=["endpoint"])
+        for url, is_slow in self.is_slow.items():
+            slow.add_metric([url], float(is_slow))
+        yield slow
 
 
 class EngineLegsCollector(Collector):

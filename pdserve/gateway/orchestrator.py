@@ -162,13 +162,14 @@ class Orchestrator:
             self.kv_judged(kv, call.request_id, outcome=KvOutcome.RECOMPUTED, reason=RecomputeReason.PULL_TIMEOUT,
                            decode_url=leg.endpoint.url)
 
-        relay = Relay(call, leg, mode=Mode.PD if kv is not None else Mode.LOCAL, prefill_done_s=prefill_done_s, kv=kv,
+        mode = Mode.PD if kv is not None else Mode.LOCAL
+        relay = Relay(call, leg, mode=mode, prefill_done_s=prefill_done_s, kv=kv,
                       is_pull_lost=is_pull_lost, lead=lead, reopen=reopen,
                       leg_failed=self.leg_failed, kv_judged=self.kv_judged, spec=self._spec, metrics=self._metrics, handoffs=self._handoffs,
                       recent=self.recent, native=self._native, hides_cached_tokens=self._hides_cached_tokens)
         if call.is_stream:
-            return Reply(stream=relay.stream, close=relay.finish, first_chunk_ready=lead is not None)
-        return Reply(json_body=await relay.read_whole())
+            return Reply(stream=relay.stream, close=relay.finish, first_chunk_ready=lead is not None, mode=mode)
+        return Reply(json_body=await relay.read_whole(), mode=mode)
 
     def on_pair(self, *, prefill_url: str, decode_url: str) -> Orchestrator:
         """This orchestrator with its routing held to one (prefill, decode) pair, all else shared (engine slots,
@@ -237,7 +238,7 @@ class Orchestrator:
             for chunk in chunks:
                 yield chunk
 
-        return Reply(stream=stream, close=lambda: None, first_chunk_ready=True)
+        return Reply(stream=stream, close=lambda: None, first_chunk_ready=True, mode=Mode.PD)
 
     def _choose_decode(self, key: PromptKey) -> Endpoint:
         """The decode engine the router prefers for this prompt, among those with room if any has.

@@ -29,7 +29,7 @@ class FinishedRequest:
     ttft_s: float | None  # arrival to first token (a whole reply: to the whole body)
     handoff_s: float | None  # prefill done to first decoded token; None when no KV was handed off
     e2e_s: float  # arrival to the relay's end
-    chunks: int  # SSE chunks relayed (0 for a whole reply)
+    chunks: int  # token events relayed (gateway/token_gaps.py), however the socket grouped them; 0 for a whole reply
     kv: str | None  # pd/kv_proof.py's KvOutcome value: did the prompt cross as KV; None: no handoff
     status: str  # "ok", the error event's code, or "cut" (ended before its end marker: client gone, engine lost)
     finished_unix_s: float  # time.time() at the end

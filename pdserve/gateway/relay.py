@@ -13,25 +13,26 @@ from typing import Any
 from pdserve.errors import LegFailed, PdserveError
 from pdserve.gateway.call import Call, ClientSocket
 from pdserve.gateway.decode_leg import (
-    ENGINE_ERROR_EVENT,
     DecodeLeg,
     EngineErrorEvent,
     KvJudgedHook,
     LegFailedHook,
     Reopen,
     close_opened,
+    failed_event_at,
 )
 from pdserve.gateway.handoffs import Handoffs
 from pdserve.gateway.metrics import GatewayMetrics, ModeMetrics
 from pdserve.gateway.recent import RecentRequests
 from pdserve.gateway.relay_record import RelayRecord
 from pdserve.gateway.tenants import hide_cached_tokens
+from pdserve.gateway.token_gaps import count_token_events
 from pdserve.gateway_config import GatewaySpec
 from pdserve.pd import kv_proof, legs, resume
 from pdserve.pd.engine_reply import EngineUnreachable
 from pdserve.pd.kv import KVTransferParams
 from pdserve.pd.kv_proof import KvOutcome, RecomputeReason
-from pdserve.pd.lead import USAGE_MARK, Lead, count_in_usage, drop_echoed
+from pdserve.pd.lead import USAGE_MARK, Lead, drop_echoed, usage_as_one_engines
 from pdserve.pd.native_relay import Handback, NativeRelay, RelayCancelled, Ticket
 from pdserve.protocol import SSE_DONE
 from pdserve.role import Role
@@ -71,8 +72,9 @@ class Relay:
         self._leg: DecodeLeg | None = leg if isinstance(leg, DecodeLeg) else None
         self._opening = None if isinstance(leg, DecodeLeg) else leg
         self._lead = lead
-        # A lead the decode engine had as prompt, not output: its usage event counts it as prompt.
-        self._rewrites_usage = lead is not None and not lead.is_forced
+        # The decode engine's usage is not one engine's behind a lead it had as prompt (it counts it as prompt), nor
+        # where cached tokens are shown (it counts the pulled prompt as cached): pd/lead.py rewrites it.
+        self._rewrites_usage = lead is not None and not (lead.is_forced and hides_cached_tokens)
         self._hides_cached_tokens = hides_cached_tokens
         # Every usage event must pass here: it is rewritten for the client, or settles the request's tokens.
         self._watches_all_usage = hides_cached_tokens or call.on_usage is not None
@@ -85,7 +87,7 @@ class Relay:
         self._sent: list[bytes] = []  # the stream's bytes so far: read back only to resume it
         self._is_finished = False
         # Per-chunk state, shared by the pushed path and the awaited one.
-        self._previous_s: float | None = None  # when the last chunk went out
+        self._previous_s: float | None = None  # when the last token event went out (the first chunk, at least)
         self._drop_role = False  # a resumed chat stream opens with a role event the client already had
         self._deadline_s = call.arrived_s + spec.request_timeout_s
         self._client: ClientSocket | None = None
@@ -127,13 +129,12 @@ class Relay:
         client, the first token, an error event, the deadline, a resumed stream's first chunk)
         comes through here."""
         self._client = client
-        observe_gap, sent = self._mode.itl.observe, self._sent
+        sent = self._sent
         push = None if client is None else self.push
         hand_over = None if client is None or self._native is None else self._hand_over
         try:
             if self._lead is not None:
-                self._previous_s = time.perf_counter()
-                self._record.first_token(self._previous_s)
+                self._count_tokens(self._lead.events, time.perf_counter())
                 self._echoed_left = self._lead.echoed_events
                 sent.append(self._lead.events)
                 yield self._lead.events
@@ -152,21 +153,17 @@ class Relay:
                             chunk, self._drop_role = resume.drop_role_events(chunk), False
                         if self._echoed_left and not (chunk := self._drop_echoed(chunk)):
                             continue
-                        if ENGINE_ERROR_EVENT in chunk:
-                            raise EngineErrorEvent(*chunk.split(ENGINE_ERROR_EVENT, 1))
+                        if (failed_at := failed_event_at(chunk)) >= 0:  # an error event, or an aborted request
+                            raise EngineErrorEvent(chunk[:failed_at], chunk[failed_at:])
                         if self._watches_usage and USAGE_MARK in chunk:
                             chunk = self._take_usage(chunk, kv_proof.usage_of_events(chunk))
                         now_s = time.perf_counter()
-                        if self._previous_s is None:
-                            self._record.first_token(now_s)
-                        else:
-                            observe_gap(now_s - self._previous_s)
+                        self._count_tokens(chunk, now_s)
                         if self._prefill_done_s is not None:
                             self._handoff_done(now_s)
                         if now_s > self._deadline_s:
                             yield self._record.error_event("the request ran past its deadline", "request_timeout")
                             return
-                        self._previous_s = now_s
                         sent.append(chunk)
                         yield chunk
                         if client is not None and client.buffered_bytes > self._spec.max_stream_buffer_bytes:
@@ -186,10 +183,12 @@ class Relay:
                                               timeout_s=self._spec.decode_idle_timeout_s)
                 except EngineErrorEvent as exc:  # the request failed there, not in its input: go on elsewhere
                     if exc.before:
+                        self._count_tokens(exc.before, time.perf_counter())
                         sent.append(exc.before)
                         yield exc.before
                     is_silent = False
-                    failure = LegFailed(Role.DECODE, self._leg.endpoint.url, 200, f"its stream ended in its own error event {exc}")
+                    failure = LegFailed(Role.DECODE, self._leg.endpoint.url, 200,
+                                        f"its stream ended in its own error or abort event {exc}")
                 step = await self._resume(failure, is_silent=is_silent)
                 if isinstance(step, bytes):
                     yield step
@@ -205,16 +204,30 @@ class Relay:
         """One chunk straight from the engine's socket to the client's, if nothing but the usual
         per-chunk work is due; False, having done nothing, sends it through ``stream``."""
         previous_s, client = self._previous_s, self._client
-        if previous_s is None or client is None or not self._is_steady or ENGINE_ERROR_EVENT in chunk or (
+        if previous_s is None or client is None or not self._is_steady or failed_event_at(chunk) >= 0 or (
                 self._watches_usage and USAGE_MARK in chunk):
             return False
         now_s = time.perf_counter()
         if now_s > self._deadline_s or not client.write_now(chunk):
             return False
-        self._mode.itl.observe(now_s - previous_s)
-        self._previous_s = now_s
+        self._count_tokens(chunk, now_s)
         self._sent.append(chunk)
         return True
+
+    def _count_tokens(self, chunk: bytes, now_s: float) -> None:
+        """``chunk``'s token events into the record and the inter-token histogram (gateway/token_gaps.py): the
+        gap since the last token event for the first of them, 0 for each other; the stream's first has none."""
+        events = count_token_events(chunk)
+        self._record.token_events += events
+        if self._previous_s is None:
+            self._record.first_token(now_s)
+            if events > 1:
+                self._mode.itl.observe_events(0.0, events - 1)
+        elif events:
+            self._mode.itl.observe_events(now_s - self._previous_s, events)
+        else:
+            return
+        self._previous_s = now_s
 
     async def _hand_over(self) -> bool:
         """The stream to the relay thread until it gives it back, where nothing but the usual
@@ -240,26 +253,27 @@ class Relay:
 
     def _take_relayed(self, back: Handback) -> None:
         """The relay thread's chunks into the request's timing and record, as if sent here."""
-        if back.reads:
+        if back.payload:
+            self._sent.append(back.payload)
+        if back.token_events:
             self._mode.itl.add(back.gap_counts, back.gap_sum_s)
             self._previous_s = back.previous_s
-            self._sent.append(back.payload)
-            self._record.chunks_in_thread += back.reads - 1
+            self._record.token_events += back.token_events
 
     @property
     def _watches_usage(self) -> bool:
-        """The usage event must pass here: a lead the decode engine had as prompt rewrites it, a handoff is judged
+        """The usage event must pass here: behind a lead it is rewritten to one engine's, a handoff is judged
         by it, and, where ``_watches_all_usage``, it is rewritten for the client or settles the request's tokens."""
         return self._watches_all_usage or self._rewrites_usage or self._kv_outcome is KvOutcome.UNKNOWN
 
     def _take_usage(self, data: bytes, usage: Mapping[str, Any] | None) -> bytes:
         """A whole reply, or the events carrying its ``usage``: the handoff judged and the request's tokens
-        settled by it; the client gets it with a lead counted as output and, where hidden, no cached tokens."""
+        settled by it; the client gets it as one engine writes it (pd/lead.py) and, where hidden, no cached tokens."""
         self._judge_kv(usage)
         if usage is not None and self._call.on_usage is not None:
             self._call.on_usage(usage)
-        if self._rewrites_usage:
-            data = count_in_usage(data)
+        if self._rewrites_usage and self._lead is not None:
+            data = usage_as_one_engines(data, lead=self._lead)
         return hide_cached_tokens(data) if self._hides_cached_tokens else data
 
     def _cut_off(self, client: ClientSocket) -> bytes:
@@ -280,6 +294,10 @@ class Relay:
             return
         outcome, reason = kv_proof.judge(usage, prefilled_tokens=self._kv.prompt_tokens)
         self._kv_outcome = outcome
+        result = kv_proof.integrity(self._kv.fields, outcome)
+        self._metrics.kv_integrity.labels(result.value, self._call.path).inc()
+        log.info("request_id=%s kv_integrity=%s prefill=%s decode=%s", self._call.request_id, result.value,
+                 self._kv.prefill_url, self._leg.endpoint.url)
         self._kv_judged(self._kv, self._call.request_id, outcome=outcome, reason=reason,
                         decode_url=self._leg.endpoint.url)
 

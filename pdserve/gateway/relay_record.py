@@ -27,7 +27,7 @@ class RelayRecord:
         self.ttft_s: float | None = None
         self.handoff_s: float | None = None
         self.error_code: str | None = None
-        self.chunks_in_thread = 0  # chunks the relay thread sent, beyond the one ``sent`` entry each handback adds
+        self.token_events = 0  # the stream's token events sent (gateway/token_gaps.py), whatever came at once
 
     def first_token(self, now_s: float) -> None:
         self._call.trace.first_token()
@@ -56,5 +56,5 @@ class RelayRecord:
             request_id=self._call.request_id, mode=self.mode_name,
             prefill_url=None if self.kv is None else self.kv.prefill_url,
             decode_url=decode_url, ttft_s=self.ttft_s, handoff_s=self.handoff_s, e2e_s=elapsed_s,
-            chunks=len(sent) + self.chunks_in_thread, status=status,
+            chunks=self.token_events, status=status,
             kv=None if kv_outcome is None else kv_outcome.value, finished_unix_s=time.time()))

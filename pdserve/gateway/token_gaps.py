@@ -1,4 +1,9 @@
-"""The inter-token histogram the relay feeds once per chunk: plain counters, no lock.
+"""The inter-token histogram the relay feeds once per token event: plain counters, no lock.
+
+A token event is an SSE event (each ends in a blank line) but ``data: [DONE]`` and the usage-only
+event (``"choices":[]``); the C relay thread (pd/_chunk_relay.c) counts alike. A chunk or read that
+brings several at once (a burst) counts its gap since the last token event for the first of them
+and 0 for each other, which is what the client sees.
 
 prometheus_client's Histogram takes a lock and walks the buckets in Python for every
 observation (~2-3 us); this bisects and adds (~0.3 us). Safe without a lock because only the
@@ -12,6 +17,13 @@ from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+_EVENT_END, _DONE_EVENT, _USAGE_ONLY_MARK = b"\n\n", b"data: [DONE]", b'"choices":[]'
+
+
+def count_token_events(chunk: bytes) -> int:
+    """The token events in ``chunk`` (whole SSE events). Pure."""
+    return max(0, chunk.count(_EVENT_END) - chunk.count(_DONE_EVENT) - chunk.count(_USAGE_ONLY_MARK))
 
 
 class GapCounts:
@@ -27,6 +39,12 @@ class GapCounts:
     def observe(self, gap_s: float) -> None:
         self.counts[bisect_left(self.bounds_s, gap_s)] += 1
         self.sum_s += gap_s
+
+    def observe_events(self, gap_s: float, events: int) -> None:
+        """A burst of ``events`` token events: ``gap_s`` for its first, 0 for each other."""
+        self.observe(gap_s)
+        if events > 1:
+            self.counts[bisect_left(self.bounds_s, 0.0)] += events - 1
 
     def add(self, counts: Sequence[int], sum_s: float) -> None:
         """Gaps counted elsewhere in the same buckets (the relay thread's: pd/native_relay.py)."""

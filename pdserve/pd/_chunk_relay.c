@@ -7,17 +7,22 @@
  * Python (pd/native_relay.py) at the first thing Python must see:
  *
  *   END             the engine's last chunk (size 0): Python's HTTP parser completes the reply;
- *   HANDBACK        a chunk holding an error event, or the usage event when asked to watch for it,
+ *   HANDBACK        a chunk holding an error event or an aborted request's, or the usage event when asked to watch for it,
  *                   or any chunk past the request's deadline, or framing this does not read;
  *   ENGINE_LOST     the engine closed the connection or failed a read;
  *   CLIENT_BLOCKED  the client's socket did not take a whole write (a slow client) or failed;
- *   IDLE            the engine sent nothing for the stream's idle timeout.
+ *   IDLE            the engine sent nothing for the stream's idle timeout;
+ *   CANCELLED       Python stopped waiting (its client left): what was relayed still comes back.
  *
  * What was read and not relayed ("leftover") goes back starting at a chunk boundary, so Python's
  * parser carries on where this stopped. Both sockets are dup()ed: the event loop keeps its own
  * descriptors and may close them at any time without this thread writing to a reused number.
  * The engine's HTTP/1.1 chunk framing is relayed as it came (the client's reply is chunked too),
  * so nothing is re-framed: a chunk costs its read, a copy into the stream's record, and its send.
+ * Inter-token gaps are counted per token event, not per read: a read that brings several events
+ * (a burst) counts its gap since the last token event for the first of them and 0 for each other,
+ * as a client reading the socket sees them. A token event is an SSE event ("\n\n"-ended) but
+ * `data: [DONE]` and the usage-only event (`"choices":[]`): pdserve/gateway/token_gaps.py counts alike.
  * Times are CLOCK_MONOTONIC seconds, Python's time.perf_counter() and time.monotonic() on Linux.
  */
 #define PY_SSIZE_T_CLEAN
@@ -34,7 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { END, HANDBACK, ENGINE_LOST, CLIENT_BLOCKED, IDLE };
+enum { END, HANDBACK, ENGINE_LOST, CLIENT_BLOCKED, IDLE, CANCELLED };
 
 #define THREAD_NAME "pdserve-relay"   /* what top -H and /proc/PID/task/TID/comm show; 15 bytes at most */
 #define READ_BYTES 65536
@@ -43,6 +48,10 @@ enum { END, HANDBACK, ENGINE_LOST, CLIENT_BLOCKED, IDLE };
 
 static const char ERROR_MARK[] = "data: {\"error\"";   /* relay.py's ENGINE_ERROR_EVENT */
 static const char USAGE_MARK[] = "\"usage\":{";        /* pd/first_token.py's USAGE_MARK */
+static const char ABORT_MARK[] = "\"finish_reason\":\"abort\"";  /* gateway/decode_leg.py's ENGINE_ABORT_MARK */
+static const char EVENT_END[] = "\n\n";                  /* gateway/token_gaps.py's marks, alike */
+static const char DONE_EVENT[] = "data: [DONE]";
+static const char USAGE_ONLY_MARK[] = "\"choices\":[]";
 
 typedef struct {
     char *data;
@@ -76,7 +85,7 @@ typedef struct Stream {
     Buf payload;  /* the relayed chunks' data, without framing: the stream's resume record */
     Buf unsent;   /* relayed framing the client's socket did not take */
     double previous_s, deadline_s, idle_timeout_s, last_bytes_s, gap_sum_s;
-    long long reads;
+    long long token_events;
     long long *gap_counts;
 } Stream;
 
@@ -139,14 +148,37 @@ static void finish(Relay *relay, Stream *stream, int reason) {
     signal_fd(relay->wake_fd);
 }
 
-static void observe_gap(Relay *relay, Stream *stream, double at_s) {
-    double gap_s = at_s - stream->previous_s;
+static Py_ssize_t bucket_of(const Relay *relay, double gap_s) {
     Py_ssize_t bucket = 0;  /* bisect_left, as GapCounts.observe */
     while (bucket < relay->bound_count && relay->bounds_s[bucket] < gap_s) bucket++;
-    stream->gap_counts[bucket]++;
+    return bucket;
+}
+
+static long long count_mark(const char *data, size_t len, const char *mark, size_t mark_len) {
+    long long count = 0;
+    for (const char *at = data; (at = memmem(at, len - (size_t)(at - data), mark, mark_len)) != NULL; at += mark_len) {
+        count++;
+    }
+    return count;
+}
+
+/* The token events in relayed data: its events less `data: [DONE]` and the usage-only one. */
+static long long count_token_events(const char *data, size_t len) {
+    long long events = count_mark(data, len, EVENT_END, sizeof EVENT_END - 1)
+                       - count_mark(data, len, DONE_EVENT, sizeof DONE_EVENT - 1)
+                       - count_mark(data, len, USAGE_ONLY_MARK, sizeof USAGE_ONLY_MARK - 1);
+    return events > 0 ? events : 0;
+}
+
+/* A read's token events: the first one's gap since the last token event, 0 for each other. */
+static void observe_events(Relay *relay, Stream *stream, double at_s, long long events) {
+    if (events <= 0) return;
+    double gap_s = at_s - stream->previous_s;
+    stream->gap_counts[bucket_of(relay, gap_s)]++;
+    stream->gap_counts[bucket_of(relay, 0.0)] += events - 1;
     stream->gap_sum_s += gap_s;
     stream->previous_s = at_s;
-    stream->reads++;
+    stream->token_events += events;
 }
 
 /* Where the complete chunks ahead end, relayable; *reason is set (else -1) at a chunk Python must
@@ -183,6 +215,7 @@ static size_t relayable_end(Stream *stream, int *reason) {
         if (len - body < size + 2) return pos;  /* the rest of this chunk is still on its way */
         if (memcmp(data + body + size, "\r\n", 2) != 0
             || memmem(data + body, size, ERROR_MARK, sizeof ERROR_MARK - 1) != NULL
+            || memmem(data + body, size, ABORT_MARK, sizeof ABORT_MARK - 1) != NULL
             || (stream->watch_usage && memmem(data + body, size, USAGE_MARK, sizeof USAGE_MARK - 1) != NULL)) {
             *reason = HANDBACK;
             return pos;
@@ -220,7 +253,8 @@ static void service(Relay *relay, Stream *stream, double at_s) {
     if (end > 0) {
         ssize_t sent = send(stream->client_fd, stream->in.data, end, MSG_DONTWAIT | MSG_NOSIGNAL);
         size_t taken = sent > 0 ? (size_t)sent : 0;
-        observe_gap(relay, stream, at_s);
+        observe_events(relay, stream, at_s, count_token_events(stream->payload.data + payload_before,
+                                                                 stream->payload.len - payload_before));
         if (taken < end) {
             if (buf_add(&stream->unsent, stream->in.data + taken, end - taken) < 0) {
                 stream->payload.len = payload_before;  /* nothing of this read counts as relayed */
@@ -267,10 +301,8 @@ static int take_control(Relay *relay) {
     }
     for (size_t index = 0; index < cancel_count; index++) {
         for (Stream *stream = relay->running; stream != NULL; stream = stream->next) {
-            if (stream->id == cancels[index]) {  /* Python stopped waiting: nobody takes it back */
-                unlink_running(relay, stream);
-                stream_close_fds(relay, stream);
-                stream_free(stream);
+            if (stream->id == cancels[index]) {  /* Python stopped waiting: it takes back what was relayed */
+                finish(relay, stream, CANCELLED);
                 break;
             }
         }
@@ -432,7 +464,7 @@ static PyObject *Relay_cancel(Relay *self, PyObject *arg) {
 }
 
 /* One tuple per stream handed back since the last call:
- * (stream_id, reason, leftover, unsent, payload, reads, gap_counts, gap_sum_s, previous_s, last_bytes_s). */
+ * (stream_id, reason, leftover, unsent, payload, token_events, gap_counts, gap_sum_s, previous_s, last_bytes_s). */
 static PyObject *Relay_take_finished(Relay *self, PyObject *Py_UNUSED(ignored)) {
     pthread_mutex_lock(&self->lock);
     Stream *finished = self->finished;
@@ -449,7 +481,7 @@ static PyObject *Relay_take_finished(Relay *self, PyObject *Py_UNUSED(ignored)) 
         PyObject *item = counts == NULL ? NULL : Py_BuildValue(
             "(Liy#y#y#LNddd)", stream->id, stream->reason, bytes_of(&stream->in), (Py_ssize_t)stream->in.len,
             bytes_of(&stream->unsent), (Py_ssize_t)stream->unsent.len, bytes_of(&stream->payload),
-            (Py_ssize_t)stream->payload.len, stream->reads, counts, stream->gap_sum_s, stream->previous_s,
+            (Py_ssize_t)stream->payload.len, stream->token_events, counts, stream->gap_sum_s, stream->previous_s,
             stream->last_bytes_s);
         if (item == NULL || PyList_Append(result, item) < 0) Py_CLEAR(result);
         Py_XDECREF(item);
@@ -469,7 +501,8 @@ static void Relay_dealloc(Relay *self) {
 static PyMethodDef Relay_methods[] = {
     {"submit", (PyCFunction)(void (*)(void))Relay_submit, METH_VARARGS | METH_KEYWORDS,
      "Relay a stream from now on (both descriptors are duplicated); it comes back through take_finished()."},
-    {"cancel", (PyCFunction)Relay_cancel, METH_O, "Stop relaying a stream and drop it: nobody will take it back."},
+    {"cancel", (PyCFunction)Relay_cancel, METH_O,
+     "Stop relaying a stream: it comes back through take_finished() as CANCELLED, with what was relayed."},
     {"take_finished", (PyCFunction)Relay_take_finished, METH_NOARGS, "The streams handed back since the last call."},
     {"close", (PyCFunction)Relay_close, METH_NOARGS, "Stop the thread; streams still relayed are dropped."},
     {NULL, NULL, 0, NULL},
@@ -498,6 +531,7 @@ PyMODINIT_FUNC PyInit__chunk_relay(void) {
         || PyModule_AddIntConstant(created, "ENGINE_LOST", ENGINE_LOST) < 0
         || PyModule_AddIntConstant(created, "CLIENT_BLOCKED", CLIENT_BLOCKED) < 0
         || PyModule_AddIntConstant(created, "IDLE", IDLE) < 0
+        || PyModule_AddIntConstant(created, "CANCELLED", CANCELLED) < 0
         || PyModule_AddStringConstant(created, "THREAD_NAME", THREAD_NAME) < 0) {
         Py_DECREF(created);
         return NULL;

@@ -7,6 +7,7 @@ HANDBACK: int
 ENGINE_LOST: int
 CLIENT_BLOCKED: int
 IDLE: int
+CANCELLED: int
 THREAD_NAME: str
 
 class Relay:

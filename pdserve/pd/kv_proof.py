@@ -1,5 +1,6 @@
 """Whether a PD request's prompt reached its decode engine over the KV transfer or was computed
-there again, judged from that engine's own usage for the request. Pure; no I/O.
+there again, judged from that engine's own usage for the request, and what that says of the handoff's KV integrity
+check (pdserve_vllm/kv_integrity.py). Pure; no I/O.
 
 Why the usage's ``prompt_tokens_details.cached_tokens`` (engines run with
 ``--enable-prompt-tokens-details``, engines/command.py): it is per request, in the reply the gateway
@@ -22,6 +23,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from pdserve_vllm import KV_DIGEST_KEY
+
 DROPPED_FIELD = "remote_prefill_cached_tokens"
 
 
@@ -37,6 +40,26 @@ class RecomputeReason(enum.Enum):
     PULL_FAILED = "pull_failed"  # none of the prefilled prompt came over
     PULL_TIMEOUT = "pull_timeout"  # no first token within gateway.kv_pull_timeout_s: the gateway gave up on it
     PULL_SHORT = "pull_short"  # fewer came than were prefilled (blocks lost mid-pull, or a failed pull with local hits)
+
+
+class IntegrityResult(enum.Enum):
+    """The ``result`` label of pdserve_kv_integrity_total: what the decode engine's check of the KV it pulled came to,
+    as the gateway can tell it per request. The check runs in the engines (pdserve_vllm/kv_integrity.py): a decode
+    engine whose pulled blocks differ from the prefill engine's digests reports the pull failed and computes the
+    prompt itself before any token, which its usage shows as a recompute."""
+
+    OK = "ok"  # the handoff carried digests and the decode engine used the KV it pulled: they matched
+    RECOMPUTED = "recomputed"  # it carried digests and the engine computed the prompt: a mismatch or a failed pull
+    UNCHECKED = "unchecked"  # no digests came with it (an engine whose KV layout or vLLM the check does not cover)
+    UNKNOWN = "unknown"  # no usage said whether the KV was used
+
+
+def integrity(fields: Mapping[str, Any], outcome: KvOutcome) -> IntegrityResult:
+    """The integrity result of a handoff with kv_transfer_params ``fields`` whose decode leg came to ``outcome``."""
+    if KV_DIGEST_KEY not in fields:
+        return IntegrityResult.UNCHECKED
+    return {KvOutcome.PULLED: IntegrityResult.OK, KvOutcome.RECOMPUTED: IntegrityResult.RECOMPUTED}.get(
+        outcome, IntegrityResult.UNKNOWN)
 
 
 def judge(usage: Mapping[str, Any] | None, *, prefilled_tokens: int) -> tuple[KvOutcome, RecomputeReason | None]:

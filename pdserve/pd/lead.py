@@ -33,6 +33,9 @@ class Lead:
     # Where that text is in the token's event: "text" (a completion's), a chat delta's field, or None where
     # the token has no event of its own (a chat parser wrote nothing for it: only the role event is echoed).
     text_field: str | None = "text"
+    # The prefill engine's prompt_tokens_details: that engine computed the prompt, so its cached tokens are what one
+    # engine reports; the decode engine's count the pulled prompt as cached (pd/kv_proof.py). None: it wrote none.
+    prompt_tokens_details: dict[str, Any] | None = None
 
 
 def make_lead(body: dict[str, Any], first: FirstToken, kv: KVTransferParams, *,
@@ -45,7 +48,7 @@ def make_lead(body: dict[str, Any], first: FirstToken, kv: KVTransferParams, *,
         lead = Lead(first_events.token_events(body, first, path=path, text=text), _forced(body, first), is_forced=True,
                     echoed_events=(2 if field else 1) if path == resume.CHAT_PATH else 1,
                     text=text if field in ("text", "content") else str((first.delta or {}).get(field or "", "")),
-                    text_field=field)
+                    text_field=field, prompt_tokens_details=first.prompt_tokens_details)
         return forced_body(body, first, kv), lead
     fields = kv.fields_for_prompt(first.prompt_tokens + 1)
     if fields is None:
@@ -53,7 +56,7 @@ def make_lead(body: dict[str, Any], first: FirstToken, kv: KVTransferParams, *,
     continuation = {**body, **resume.shorter_limits(body, 1, path=path),
                     "prompt": [*first.prompt_token_ids, first.token_id]}
     lead = Lead(first_events.token_events(body, first, path=path, text=first.text), continuation, is_forced=False,
-                echoed_events=0, text=first.text)
+                echoed_events=0, text=first.text, prompt_tokens_details=first.prompt_tokens_details)
     return {**continuation, "kv_transfer_params": fields}, lead
 
 
@@ -127,23 +130,34 @@ def _after_lead(event: bytes, *, lead: Lead, path: str) -> tuple[bytes | None, b
     return first_events.sse(message).rstrip(b"\n"), False
 
 
-def count_in_usage(chunk: bytes) -> bytes:
-    """The decode engine's usage event with the first token counted as output, not prompt (a lead that
-    is not forced: that engine had the token as prompt); its cached tokens, which may count that token,
-    no more than the prompt's."""
+def usage_as_one_engines(chunk: bytes, *, lead: Lead) -> bytes:
+    """``chunk`` with the decode engine's usage event as one engine writes it for the request (``one_engines_usage``)."""
     events = chunk.split(b"\n\n")
     for index, raw in enumerate(events):
         if USAGE_MARK not in raw or not raw.startswith(SSE_EVENT_PREFIX):
             continue
         try:
             message = pydantic_core.from_json(raw[len(SSE_EVENT_PREFIX):])
-            usage = message["usage"]
-            usage["prompt_tokens"] -= 1
-            usage["completion_tokens"] += 1
-            details = usage.get("prompt_tokens_details") or {}
-            if details.get("cached_tokens", 0) > usage["prompt_tokens"]:
-                details["cached_tokens"] = usage["prompt_tokens"]
+            message["usage"] = one_engines_usage(message["usage"], lead=lead)
         except (ValueError, KeyError, TypeError):
             continue
         events[index] = first_events.sse(message).rstrip(b"\n")
     return b"\n\n".join(events)
+
+
+def one_engines_usage(usage: dict[str, Any], *, lead: Lead) -> dict[str, Any]:
+    """The decode engine's ``usage`` behind ``lead`` as one engine writes it: a lead it had as prompt (not forced)
+    counted as output; the prompt's cached tokens the prefill engine's (``Lead.prompt_tokens_details``), else no more
+    than the prompt. completion_tokens_details stay the decode engine's: its chat layer parsed every output token,
+    a forced lead's included, and vLLM 0.32 counts reasoning tokens from those alone (chat_completion/serving.py:
+    685-691, 832-851 streamed, 1007 whole; docs/architecture.md, "Usage through PD")."""
+    usage = dict(usage)
+    if not lead.is_forced:
+        usage["prompt_tokens"] -= 1
+        usage["completion_tokens"] += 1
+    details = usage.get("prompt_tokens_details")
+    if details is not None and lead.prompt_tokens_details is not None:
+        usage["prompt_tokens_details"] = lead.prompt_tokens_details
+    elif details is not None and details.get("cached_tokens", 0) > usage["prompt_tokens"]:
+        usage["prompt_tokens_details"] = {**details, "cached_tokens": usage["prompt_tokens"]}
+    return usage

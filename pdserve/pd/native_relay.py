@@ -41,6 +41,7 @@ class Ending(enum.IntEnum):
     ENGINE_LOST = 2  # the engine closed the connection or a read failed
     CLIENT_BLOCKED = 3  # the client's socket did not take all of ``unsent``: Python queues it
     IDLE = 4  # the engine sent nothing for the stream's idle timeout
+    CANCELLED = 5  # the stream's task was cancelled (its client left): what was relayed comes back
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,16 +52,17 @@ class Handback:
     leftover: bytes  # read from the engine, not relayed: from a chunk boundary, for the HTTP parser
     unsent: bytes  # relayed chunk framing the client's socket did not take: write it before anything else
     payload: bytes  # the relayed chunks' data (SSE events), as the parser would have given them
-    reads: int  # engine reads relayed: the inter-token gaps observed
-    gap_counts: tuple[int, ...]  # those gaps in ``bounds_s`` buckets, the last +Inf
+    token_events: int  # token events relayed (gateway/token_gaps.py): one inter-token gap each
+    gap_counts: tuple[int, ...]  # those gaps in ``bounds_s`` buckets, the last +Inf (a burst's events after its
+    # first count 0 s: _chunk_relay.c, observe_events)
     gap_sum_s: float
     previous_s: float  # when the last relayed chunk went out (time.perf_counter())
     last_bytes_s: float  # when the engine last sent bytes (time.monotonic())
 
 
 class RelayCancelled(asyncio.CancelledError):
-    """The stream's task was cancelled (its client left) after the thread had given the stream
-    back: ``handback`` says what the thread relayed, for the request's record."""
+    """The stream's task was cancelled (its client left, the gateway stopped): ``handback`` says what
+    the thread relayed until then, for the request's record."""
 
     def __init__(self, handback: Handback) -> None:
         super().__init__()
@@ -71,7 +73,7 @@ class RelayCancelled(asyncio.CancelledError):
 class Ticket:
     """What the thread needs of one stream besides its sockets."""
 
-    previous_s: float  # when the last chunk went out: the first gap is measured from it
+    previous_s: float  # when the last token event went out: the first gap is measured from it
     deadline_s: float  # the request's deadline (time.perf_counter()): a later chunk comes back
     idle_timeout_s: float
     watch_usage: bool  # give the usage event back (a lead's stream rewrites it: pd/first_token.py)
@@ -86,12 +88,14 @@ class NativeRelay:
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._thread = _chunk_relay.Relay(self._wake_fd, tuple(bounds_s))
         self._waiting: dict[int, asyncio.Future[Handback]] = {}
+        self._unclaimed: dict[int, Handback] = {}  # given back as their waiter was cancelled
         self._ids = itertools.count()
         self._loop.add_reader(self._wake_fd, self._take_handbacks)
 
     async def relay(self, engine_fd: int, client_fd: int, ticket: Ticket) -> Handback:
-        """Relay the stream from now until the thread gives it back; cancelled, the thread drops it
-        (the caller then owns both sockets again: neither is read nor written any more)."""
+        """Relay the stream from now until the thread gives it back; cancelled, the thread stops and
+        RelayCancelled carries what it relayed (the caller then owns both sockets again: neither is
+        read nor written any more)."""
         stream_id = next(self._ids)
         handback: asyncio.Future[Handback] = self._loop.create_future()
         self._waiting[stream_id] = handback
@@ -101,23 +105,30 @@ class NativeRelay:
         try:
             return await handback
         except asyncio.CancelledError:
-            # The thread may have ended the stream already, its handback not yet taken (a client
-            # that leaves at ``data: [DONE]`` races it): what it relayed still goes to the record.
-            back = handback.result() if handback.done() and not handback.cancelled() else self._take_own(stream_id)
-            if back is not None:
-                raise RelayCancelled(back) from None
-            self._thread.cancel(stream_id)
-            raise
+            raise RelayCancelled(await self._back_when_cancelled(stream_id, handback)) from None
 
-    def _take_own(self, stream_id: int) -> Handback | None:
-        """Stop waiting for ``stream_id``; its handback if the thread has given it back already."""
-        self._waiting.pop(stream_id, None)
-        return self._hand_back_finished().get(stream_id)
+    async def _back_when_cancelled(self, stream_id: int, waiter: asyncio.Future[Handback]) -> Handback:
+        """What the thread relayed of a stream whose task was cancelled. A client that leaves at
+        ``data: [DONE]``, before the engine's last chunk, races the thread: the stream is still
+        relayed, or ended and not yet taken, or taken as its waiter was cancelled. The thread gives
+        a cancelled stream back at once (CANCELLED): this waits only for the event loop's next turn."""
+        if waiter.done() and not waiter.cancelled():
+            return waiter.result()
+        if (back := self._unclaimed.pop(stream_id, None)) is not None:
+            return back
+        waiter = self._waiting[stream_id] = self._loop.create_future()
+        self._thread.cancel(stream_id)
+        self._hand_back_finished()
+        return await waiter
 
     def close(self) -> None:
+        """Stop the thread; a stream still relayed is dropped, its waiter cancelled."""
         self._loop.remove_reader(self._wake_fd)
         self._thread.close()
         os.close(self._wake_fd)
+        for waiter in self._waiting.values():
+            waiter.cancel()
+        self._waiting.clear()
 
     def _take_handbacks(self) -> None:
         try:
@@ -126,15 +137,16 @@ class NativeRelay:
             return
         self._hand_back_finished()
 
-    def _hand_back_finished(self) -> dict[int, Handback]:
-        """The streams the thread gave back since the last look, each to its waiter; all of them, by id."""
-        finished = {}
+    def _hand_back_finished(self) -> None:
+        """The streams the thread gave back since the last look, each to its waiter, or kept for the
+        relay whose waiter was cancelled meanwhile (``_back_when_cancelled`` claims it)."""
         for stream_id, ending, *fields in self._thread.take_finished():
-            handback = finished[stream_id] = Handback(Ending(ending), *fields)  # type: ignore[arg-type]  # the C tuple's order
+            handback = Handback(Ending(ending), *fields)  # type: ignore[arg-type]  # the C tuple's order
             waiter = self._waiting.pop(stream_id, None)
             if waiter is not None and not waiter.done():
                 waiter.set_result(handback)
-        return finished
+            else:
+                self._unclaimed[stream_id] = handback
 
 
 def start(bounds_s: Sequence[float], *, enabled: bool) -> NativeRelay | None:

@@ -7,7 +7,7 @@ from enum import StrEnum
 
 from pdserve.engine_config import PoolSpec
 from pdserve.engines.kv_path import KvPath
-from pdserve.pd.transfer_stats import TransferCounters
+from pdserve.pd.slow_kv import KvBar
 from pdserve.verify.probe import HandoffProbe
 
 
@@ -32,7 +32,8 @@ NOMINAL_GBPS = {
 # What one transfer may take beyond its bytes at the bar, unblamed on the link, ms. The decode engine
 # sees a transfer finish only when it next polls NIXL, between its steps: on a busy CPU host that is
 # milliseconds, longer than the CPU demo's 2 MB probe takes to copy (0.3-5 ms measured on 2 cores,
-# docs/transport.md section 7). GPU probes move 100+ MB, so there the bytes decide.
+# docs/transport.md section 7). GPU probes move 100+ MB, so there the bytes decide. Against a bar the
+# user gave (--expected-gbps) none is allowed: 5 ms is more than a 2 MB probe takes at any bar over 0.4 GB/s.
 SLACK_MS = {Link.HOST_MEMORY: 5.0}
 
 ADVICE = {
@@ -77,10 +78,11 @@ def _is_loopback(host: str) -> bool:
 
 
 def judge(probe: HandoffProbe, *, link: Link, expected_gbps: float, min_fraction: float,
-          slack_ms: float | None = None, via: str = "") -> Verdict:
-    """Fail when no KV arrived over the connector, a transfer failed, or it ran too slowly: longer
-    than its bytes take at ``min_fraction`` of the link plus ``slack_ms`` (default: by link).
-    ``via``: the interface the link was judged by (verify/interface.py), named in the verdict."""
+          slack_ms: float | None = None, is_bar_given: bool = False, via: str = "") -> Verdict:
+    """Fail when no KV arrived over the connector, a transfer failed, or it ran too slowly by the
+    gateway's rule (pd/slow_kv.py): longer than its bytes take at ``min_fraction`` of the link plus
+    ``slack_ms`` a transfer (default: by link, or none where the user gave the link's rate,
+    ``is_bar_given``). ``via``: the interface the link was judged by (verify/interface.py), named in the verdict."""
     engine = probe.engine
     problems = []
     if engine.transfers < 1 or engine.bytes <= 0:
@@ -92,8 +94,8 @@ def judge(probe: HandoffProbe, *, link: Link, expected_gbps: float, min_fraction
     if engine.failed:
         problems.append(f"{engine.failed:.0f} KV transfer(s) failed")
     measured_gbps = engine.gbps
-    slack = SLACK_MS.get(link, 0.0) if slack_ms is None else slack_ms
-    if engine.bytes > 0 and _is_slow(engine, bar_gbps=min_fraction * expected_gbps, slack_s=slack / 1000):
+    slack = (0.0 if is_bar_given else SLACK_MS.get(link, 0.0)) if slack_ms is None else slack_ms
+    if engine.bytes > 0 and KvBar(gbps=min_fraction * expected_gbps, allowance_ms=slack).is_slow(engine):
         allowing = f", allowing {slack:g} ms a transfer" if slack else ""
         through = f" through {via}" if via else ""
         problems.append(f"KV moved at {measured_gbps:.3g} GB/s, under {min_fraction:.0%} of the {link.value} "
@@ -101,11 +103,6 @@ def judge(probe: HandoffProbe, *, link: Link, expected_gbps: float, min_fraction
     handoff_gbps = engine.bytes / probe.decode_s / 1e9 if probe.decode_s > 0 else 0.0
     return Verdict(link=link, expected_gbps=expected_gbps, measured_gbps=measured_gbps,
                    handoff_gbps=handoff_gbps, problems=tuple(problems))
-
-
-def _is_slow(engine: TransferCounters, *, bar_gbps: float, slack_s: float) -> bool:
-    """Longer than the bytes take at ``bar_gbps``, plus ``slack_s`` for each transfer."""
-    return engine.seconds > engine.bytes / (bar_gbps * 1e9) + slack_s * max(engine.transfers, 1.0)
 
 
 EFA_ADVICE = ("EFA was asked for (placement.efa_devices or kv.libfabric_provider: efa): set kv.backends: [LIBFABRIC], "

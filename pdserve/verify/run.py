@@ -25,15 +25,25 @@ from pdserve.engines.kv_path import KvPath, kv_path_from_log
 from pdserve.errors import GatewayUnavailable
 from pdserve.gateway_address import GatewayTarget, unreachable
 from pdserve.pd.engine_http import EngineClient
+from pdserve.pd.kv_proof import IntegrityResult
 from pdserve.role import Role
 from pdserve.verify import microbench
 from pdserve.verify.checks import NOMINAL_GBPS, Link, Verdict, classify_link, judge, kv_path_problems
+from pdserve.verify.content import check_content
 from pdserve.verify.interface import link_interface
 from pdserve.verify.probe import HandoffProbe, pd_and_local_token_ids, probe_handoff
 from pdserve.verify.transfers import Path as TransferPath
 from pdserve.verify.transfers import PathKind
 
 _MEMCPY_BYTES = 256 * 1024 * 1024
+
+
+CONTENT_NOTES = {  # what a pair's content check found, where not ok (docs/reliability.md, "KV integrity")
+    IntegrityResult.RECOMPUTED: "check FAILED: the decode engine computed the prompt instead of using the KV it "
+                                "pulled (a digest mismatch or a failed pull: its log says which)",
+    IntegrityResult.UNCHECKED: "unchecked: the prefill engine sent no block digests (vLLM 0.29, or a KV layout the "
+                               "check cannot index: its log says so at start)",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,10 +61,12 @@ class PairReport:
     is_pd_equal_local: bool | None  # None: no gateway to ask
     path_problems: tuple[str, ...] = ()
     interface: str = ""  # a network pair's: this host's interface toward the decode engine, and its speed
+    content: IntegrityResult = IntegrityResult.UNKNOWN  # the decode engine's KV integrity check of one handoff
 
     @property
     def is_ok(self) -> bool:
-        return self.verdict.is_ok and not self.path_problems and self.is_pd_equal_local is not False
+        return (self.verdict.is_ok and not self.path_problems and self.is_pd_equal_local is not False
+                and self.content is not IntegrityResult.RECOMPUTED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +102,15 @@ async def verify(
             fastest = [await _fastest_probe(session, client, settings, prefill_url=prefill.url, decode_url=decode.url,
                                             prompt_tokens=tokens, probes=probes, timeout_s=timeout_s)
                        for prefill, decode in pairs]
+            contents = [await check_content(client, prefill_url=prefill.url, decode_url=decode.url,
+                                            model=settings.model.served_name, connector=settings.kv.connector,
+                                            seed=random.randrange(1 << 30), timeout_s=timeout_s)
+                        for prefill, decode in pairs]
     finally:
         client.close()
     reports = []
     efa = is_efa_asked(settings.kv, (settings.prefill, settings.decode))
-    for (prefill, decode), probe in zip(pairs, fastest, strict=True):
+    for (prefill, decode), probe, content in zip(pairs, fastest, contents, strict=True):
         link = classify_link(settings.prefill, settings.decode, prefill_host=urlsplit(prefill.url).hostname or "",
                              decode_host=urlsplit(decode.url).hostname or "",
                              buffer_devices=(prefill.kv_path.buffer_device, decode.kv_path.buffer_device))
@@ -115,8 +131,8 @@ async def verify(
                                                                  link=link)),
             kv_bytes=probe.engine.bytes, prefill_ms=probe.prefill_s * 1000, decode_ms=probe.decode_s * 1000,
             verdict=judge(probe, link=link, expected_gbps=expected, min_fraction=min_fraction, slack_ms=slack_ms,
-                          via="" if via is None else via.describe()),
-            is_pd_equal_local=is_equal, interface="" if via is None else via.describe(),
+                          is_bar_given=expected_gbps is not None, via="" if via is None else via.describe()),
+            is_pd_equal_local=is_equal, interface="" if via is None else via.describe(), content=content,
         ))
     return reports
 
@@ -193,13 +209,13 @@ def is_healthy(reports: list[PairReport]) -> bool:
 def format_reports(reports: list[PairReport]) -> str:
     """kubectl-style table, then one line per problem with what to change."""
     header = ("PREFILL", "DECODE", "LINK", "BACKENDS", "PROVIDER", "KV_BUFFER", "TRANSPORTS", "KV_MB",
-              "ENGINE_GB/s", "HANDOFF_GB/s", "EXPECTED_GB/s", "PD==LOCAL", "STATUS")
+              "ENGINE_GB/s", "HANDOFF_GB/s", "EXPECTED_GB/s", "PD==LOCAL", "CONTENT", "STATUS")
     rows = [header] + [
         (r.prefill, r.decode, f"{r.verdict.link.value} ({r.interface})" if r.interface else r.verdict.link.value, ",".join(r.backends) or "?", ",".join(r.providers) or "-",
          "/".join(path.buffer_device or "?" for path in r.kv_paths.values()), ",".join(r.transports) or "-",
          f"{r.kv_bytes / 1e6:.1f}", f"{r.verdict.measured_gbps:.2f}", f"{r.verdict.handoff_gbps:.2f}",
          f"{r.verdict.expected_gbps:.1f}", {None: "-", True: "yes", False: "NO"}[r.is_pd_equal_local],
-         "OK" if r.is_ok else "FAIL")
+         r.content.value, "OK" if r.is_ok else "FAIL")
         for r in reports
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
@@ -212,9 +228,11 @@ def format_reports(reports: list[PairReport]) -> str:
         lines += [f"{r.prefill} -> {r.decode}: {problem}" for problem in (*r.verdict.problems, *r.path_problems)]
         if r.is_pd_equal_local is False:
             lines.append(f"{r.prefill} -> {r.decode}: greedy PD output differs from local output")
+        if r.content is not IntegrityResult.OK:
+            lines.append(f"{r.prefill} -> {r.decode}: KV content {CONTENT_NOTES.get(r.content, r.content.value)}")
     return "\n".join(lines)
 
 
 def reports_json(reports: list[PairReport]) -> str:
-    return json.dumps([asdict(r) | {"ok": r.is_ok} for r in reports], indent=2, default=str)
+    return json.dumps([asdict(r) | {"ok": r.is_ok, "content": r.content.value} for r in reports], indent=2, default=str)
 

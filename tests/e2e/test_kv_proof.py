@@ -14,14 +14,11 @@ import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import aiohttp
-import httpx
 import pytest
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from pdserve.engine_config import DEMO_MODEL_NAME
 from pdserve.engine_key import EngineKey
@@ -30,6 +27,7 @@ from pdserve.gateway_address import GatewayTarget
 from pdserve.status import fetch_rows, format_rows
 from tests.conftest import free_port, serving
 from tests.e2e.conftest import ENGINE_KEY, Stack, start_stack, stop_stack
+from tests.e2e.prefill_proxy import rewriting_prefill
 from tests.gateway.test_app import gateway_settings, until_ready
 from tests.gateway.test_faults import metrics_of
 
@@ -45,24 +43,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 def unreachable_side_channel(prefill_url: str, dead_port: int) -> Starlette:
-    """The prefill engine, but its handoffs name a side channel nobody listens on; the gateway's engine key is
-    passed on."""
-    async def forward(request: Request) -> Response:
-        headers = {"content-type": "application/json", "authorization": request.headers.get("authorization", "")}
-        async with httpx.AsyncClient(timeout=300) as client:
-            reply = await client.request(request.method, prefill_url + request.url.path,
-                                         content=await request.body(), headers=headers)
-        if request.method == "POST" and reply.status_code == 200:
-            body = reply.json()
-            if isinstance(body.get("kv_transfer_params"), dict):
-                # A new engine id: the decode engine cannot reuse the side channel it opened to the
-                # prefill engine at warm-up, and must handshake at the dead port (vLLM keys them by id).
-                body["kv_transfer_params"].update(remote_port=dead_port, remote_engine_id=f"gone-{dead_port}")
-                return Response(httpx.Response(200, json=body).content, media_type="application/json")
-        return Response(reply.content, status_code=reply.status_code, media_type=reply.headers.get("content-type"))
+    """The prefill engine, but its handoffs name a side channel nobody listens on."""
+    def rewrite(params: dict[str, Any]) -> None:
+        # A new engine id: the decode engine cannot reuse the side channel it opened to the
+        # prefill engine at warm-up, and must handshake at the dead port (vLLM keys them by id).
+        params.update(remote_port=dead_port, remote_engine_id=f"gone-{dead_port}")
 
-    paths = ["/health", "/v1/models", "/metrics", "/v1/completions", "/v1/chat/completions"]
-    return Starlette(routes=[Route(path, forward, methods=["GET", "POST"]) for path in paths])
+    return rewriting_prefill(prefill_url, rewrite)
 
 
 @asynccontextmanager

@@ -229,9 +229,12 @@ def test_verify_reports_backend_transports_and_bandwidth_of_the_demo(stack: Stac
 
 
 def test_verify_flags_a_path_slower_than_its_link_and_exits_nonzero(stack: Stack) -> None:
-    result = run_verify(stack, "--expected-gbps", "100000", "--slack-ms", "0")  # a link no host-memory path can reach
-    assert result.returncode == 1
-    assert "FAIL" in result.stdout and "under 10% of the host-memory link" in result.stdout
+    """`--expected-gbps 500` (a bar of 50 GB/s, above what the demo's host memory moves its 2 MB probes at)
+    passed: the 5 ms slack a transfer swallowed it. A bar the user gives is judged without the slack."""
+    result = run_verify(stack, "--expected-gbps", "500", "--probes", "2")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAIL" in result.stdout and "under 10% of the host-memory link's 500 GB/s" in result.stdout
+    assert "allowing" not in result.stdout  # judged by the bar alone: on a busy host a probe may outlast the slack
 
 
 def test_gateway_exports_the_engines_kv_transfer_counters(stack: Stack) -> None:
@@ -240,6 +243,12 @@ def test_gateway_exports_the_engines_kv_transfer_counters(stack: Stack) -> None:
     metrics = httpx.get(stack.base_url + "/metrics").text
     (line,) = [line for line in metrics.splitlines() if line.startswith("pdserve_engine_kv_transfer_bytes_total{")]
     assert float(line.rsplit(" ", 1)[1]) > 0
+    # A healthy demo's small transfers move at a low GB/s (latency, not bandwidth): neither the gateway nor
+    # the live page, which shows its verdict, calls them slow.
+    (slow,) = [line for line in metrics.splitlines() if line.startswith("pdserve_engine_kv_slow{")]
+    assert float(slow.rsplit(" ", 1)[1]) == 0
+    state = httpx.get(stack.base_url + "/dashboard/state").json()
+    assert [engine["kv_slow"] for engine in state["engines"] if engine["role"] == "decode"] == [0]
 
 
 def engine_family(pid: int) -> list[psutil.Process]:

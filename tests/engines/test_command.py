@@ -3,6 +3,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -254,3 +255,21 @@ def test_every_engine_requires_the_engine_key_on_every_route_and_keeps_nixl_on_i
         module_path, name = middleware.rsplit(".", 1)  # as vLLM resolves it (serve/middleware/register.py)
         assert inspect.isclass(getattr(importlib.import_module(module_path), name))
         assert command.env["UCX_NET_DEVICES"] == "lo"  # the engines' address, 127.0.0.1, is loopback's
+
+
+def test_engines_leave_the_gateways_polls_out_of_their_access_log_and_keep_client_requests() -> None:
+    """A restarted engine's last log lines were the gateway's polls (~7 GET /metrics and /health a second).
+    vLLM 0.32's narrowest switch: --disable-access-log-for-endpoints (entrypoints/launchers/cli_args.py), whose
+    filter drops exactly the paths listed (logging_utils/uvicorn_logging.py), not --disable-uvicorn-access-log."""
+    for argv, _ in commands({}):
+        assert argv[argv.index("--disable-access-log-for-endpoints") + 1] == "/health,/metrics"
+        assert "--disable-uvicorn-access-log" not in argv
+    from vllm.logging_utils.uvicorn_logging import UvicornAccessLogFilter
+
+    def record(path: str) -> logging.LogRecord:  # as uvicorn's access logger writes one
+        return logging.LogRecord("uvicorn.access", logging.INFO, "h11_impl.py", 1, '%s - "%s %s HTTP/%s" %d',
+                                 ("127.0.0.1:5", "GET", path, "1.1", 200), None)
+
+    kept = UvicornAccessLogFilter(excluded_paths=["/health", "/metrics"])
+    assert not kept.filter(record("/metrics")) and not kept.filter(record("/health"))
+    assert kept.filter(record("/v1/chat/completions")) and kept.filter(record("/v1/models"))

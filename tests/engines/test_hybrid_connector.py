@@ -19,6 +19,7 @@ from pdserve_vllm import (
     WHOLE_PROMPT_KEY,
 )
 from pdserve_vllm.hybrid_connector import NixlConnector, prefill_backoff
+from pdserve_vllm.kv_integrity import SchedulerChecks
 from pdserve_vllm.whole_prompt import keeps_whole_prompt, mark_reply
 
 PROMPT = [11, 12, 13, 14, 15]
@@ -33,6 +34,7 @@ def connector(*, has_mamba: bool = True, lookahead_tokens: int = 0) -> NixlConne
     scheduler._heartbeat_by_engine, scheduler._heartbeat_req_engine = {}, {}
     made = NixlConnector.__new__(NixlConnector)
     made.connector_scheduler = scheduler
+    made._scheduler_checks, made._worker_checks = SchedulerChecks(), None  # what nixl_progress.NixlConnector makes
     return made
 
 

@@ -3,9 +3,11 @@ a browser in test_dashboard_page.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -17,6 +19,7 @@ from pdserve.gateway.metrics import GatewayMetrics
 from pdserve.gateway.recent import FinishedRequest, RecentRequests, status_of
 from tests.fake_engine import FakeEngine
 from tests.gateway.test_app import MODEL, post, ready_gateway_over
+from tests.gateway.test_kv_monitor import vllm_metrics
 
 ADMIN_KEY, CLIENT_KEY = "sk-admin-0123456789abcdef", "sk-client-0123456789abcdef"
 
@@ -120,3 +123,30 @@ async def test_state_lists_engines_and_each_finished_request_with_its_legs() -> 
     assert local["status"] == "ok" and local["ttft_s"] is not None
     assert requests["broken"]["status"] == "decode_stream_failed"
     assert state["ttft"]["count"] >= 2 and state["itl"]["count"] > 0 and state["gateway"]["answered"] >= 3
+
+
+async def state_when(base: str, condition: Callable[[dict[str, Any]], bool], *, timeout_s: float = 20.0) -> dict[str, Any]:
+    """The page's state once ``condition`` holds (polled, as the page does)."""
+    deadline_s = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        state: dict[str, Any] = json.loads((await get(base, dashboard.STATE_PATH))[1])
+        if condition(state) or asyncio.get_running_loop().time() > deadline_s:
+            return state
+        await asyncio.sleep(0.1)
+
+
+def decode_row(state: dict[str, Any]) -> dict[str, Any]:
+    return next(engine for engine in state["engines"] if engine["role"] == "decode")
+
+
+async def test_the_pages_kv_alarm_is_the_gateways_own_verdict_not_a_low_rate() -> None:
+    """A healthy demo's small transfers (0.1 MB in 4 ms: 0.025 GB/s, under the 0.5 GB/s bar) lit the page's
+    alarm while the gateway, which allows each transfer a fixed cost, stayed quiet. The page shows the
+    gateway's verdict: none for those; one once transfers take longer than their bytes at the bar plus it."""
+    fake = FakeEngine(metrics_text=vllm_metrics([0.004] * 4))
+    async with ready_gateway_over(fake, kv_scrape_interval_s=0.2) as base:
+        healthy = await state_when(base, lambda state: "kv_slow" in decode_row(state))
+        fake.metrics_text = vllm_metrics([0.004] * 4 + [0.5] * 2)  # 0.1 MB in 500 ms: more than 0.2 + 100 ms
+        slow = await state_when(base, lambda state: decode_row(state).get("kv_transfers") == 6)
+    assert decode_row(healthy)["kv_slow"] == 0 and healthy["kv_bar_gbps"] == 0.5 and healthy["kv_allowance_ms"] == 100
+    assert decode_row(slow)["kv_slow"] == 1

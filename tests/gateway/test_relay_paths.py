@@ -6,8 +6,10 @@ The client reads one unbroken stream every way, and the inter-token histogram co
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections import Counter
+from typing import Any
 
 import aiohttp
 import pytest
@@ -66,7 +68,7 @@ async def test_the_relay_thread_sends_the_chunks_after_the_first_token(
     # The first token goes the awaited way (it is timed as TTFT there); the thread sends the rest
     # and gives the stream back at the engine's last chunk, which completes the reply.
     assert not pushes[True] and [handback.ending for handback in handbacks] == [Ending.END]
-    assert handbacks[0].reads >= len(WORDS) - 2 and b"[DONE]" in handbacks[0].payload
+    assert handbacks[0].token_events >= len(WORDS) - 2 and b"[DONE]" in handbacks[0].payload
     assert itl_count(metrics) >= len(WORDS) - 1  # the thread's gaps are in the histogram too
 
 
@@ -136,3 +138,89 @@ async def test_a_stream_the_thread_completed_is_recorded_whole_when_the_client_l
             request = (await reply.json())["requests"][0]
     assert text_of(read, key="content") == "".join(WORDS)
     assert request["status"] == "ok" and request["chunks"] > 1  # the role event, then the thread's reads
+
+
+def token_events_of(payload: bytes) -> int:
+    """The SSE events a client read that carry a choice: not ``data: [DONE]``, not the usage-only event."""
+    return sum(1 for event in payload.split(b"\n\n")
+               if event.startswith(b"data: {") and json.loads(event[6:]).get("choices"))
+
+
+async def dashboard_requests(base: str) -> list[dict[str, Any]]:
+    async with aiohttp.ClientSession() as session, session.get(base + "/dashboard/state") as reply:
+        requests: list[dict[str, Any]] = (await reply.json())["requests"]
+        return requests
+
+
+@pytest.mark.parametrize("native_relay", [True, False])
+async def test_tokens_that_come_in_bursts_count_one_gap_each(native_relay: bool) -> None:
+    """An engine whose socket delivers five tokens at once: the histogram counts one gap per token event
+    (the first event has none), and the page's count is the token events, not the socket's reads."""
+    words = [f" w{index}" for index in range(20)]
+    fake = FakeEngine(words=words, burst=5, token_delay_s=0.02)
+    async with gateway_over([fake], [fake], native_relay=native_relay) as base:
+        gaps_before = itl_count(await metrics_of(base))  # the readiness probe's own request
+        status, payload = await post(base, {**STREAM, "max_tokens": len(words)})
+        gaps = itl_count(await metrics_of(base)) - gaps_before
+        request = (await dashboard_requests(base))[0]
+    events = token_events_of(payload)
+    assert status == 200 and text_of(payload) == "".join(words) and events >= len(words)
+    assert gaps == events - 1 and request["chunks"] == events
+
+
+async def test_thirty_concurrent_streams_whose_clients_leave_at_done_are_all_recorded_complete() -> None:
+    """The page said `cut` with 1 chunk for complete streams: each client left at ``data: [DONE]``, which
+    the relay thread had sent, before the engine's last chunk came; the cancelled relay dropped what
+    the thread had relayed. Every client got its whole stream: each is recorded `ok` with its tokens."""
+    fake = FakeEngine(token_delay_s=0.01, end_delay_s=0.5)
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": True}
+
+    async def leave_at_done(session: aiohttp.ClientSession) -> bytes:
+        read = b""
+        async with session.post(base + "/v1/chat/completions", json=chat) as reply:
+            async for data in reply.content.iter_any():
+                read += data
+                if read.endswith(b"data: [DONE]\n\n"):
+                    return read  # and leave: the connection closes
+        return read
+
+    async with gateway_over([fake], [fake]) as base:
+        before = len(await dashboard_requests(base))  # the readiness probe's own requests
+        async with aiohttp.ClientSession() as session:
+            payloads = await asyncio.gather(*(leave_at_done(session) for _ in range(30)))
+        deadline_s = asyncio.get_running_loop().time() + 10
+        while (len(requests := await dashboard_requests(base)) < before + 30
+               and asyncio.get_running_loop().time() < deadline_s):
+            await asyncio.sleep(0.05)
+        requests = requests[:30]  # newest first
+    assert all(text_of(payload, key="content") == "".join(WORDS) for payload in payloads)
+    assert [request["status"] for request in requests] == ["ok"] * 30
+    assert [request["chunks"] for request in requests] == [token_events_of(payloads[0])] * 30
+
+
+@pytest.mark.parametrize("native_relay", [True, False])
+async def test_a_stream_the_engine_aborts_ends_in_an_error_event_and_is_recorded_so(native_relay: bool) -> None:
+    """Ctrl-C on `pdserve up` with streams in flight: vLLM stops and ends each with finish_reason "abort" and
+    [DONE] (v1/engine/output_processor.py, FinishReason.ABORT), which clients took for a finished reply and the
+    page recorded `ok`. The gateway treats it as the engine's error event: the stream moves on if another decode
+    engine can take it, else ends in an error event, recorded with its code."""
+    fake = FakeEngine(token_delay_s=0.01, abort_after=3)
+    async with gateway_over([fake], [fake], native_relay=native_relay) as base:
+        status, payload = await post(base, STREAM)
+        request = (await dashboard_requests(base))[0]
+    events = payload.split(b"\n\n")
+    assert status == 200 and text_of(payload.split(b'data: {"error"')[0]) == "".join(WORDS[:3])
+    assert b'"abort"' not in payload and b'"code": "decode_stream_failed"' in events[-3] and events[-2] == b"data: [DONE]"
+    assert request["status"] == "decode_stream_failed" and request["chunks"] == 3
+
+
+async def test_requests_are_counted_under_the_mode_that_served_them() -> None:
+    """A request that did not ask for a mode was counted `mode="auto"` though it ran disaggregated."""
+    fake = FakeEngine()
+    async with gateway_over([fake], [fake]) as base:
+        assert (await post(base, STREAM))[0] == 200
+        assert (await post(base, STREAM, headers={"X-PD-Mode": "local"}))[0] == 200
+        metrics = await metrics_of(base)
+    counted = dict(re.findall(r'pdserve_requests_total\{mode="(\w+)",route="/v1/completions",status="200"\} (\S+)',
+                              metrics))
+    assert "auto" not in counted and float(counted["pd"]) >= 1 and float(counted["local"]) == 1

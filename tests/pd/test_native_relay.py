@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pdserve.pd import native_relay
-from pdserve.pd.native_relay import Ending, NativeRelay, Ticket
+from pdserve.pd.native_relay import Ending, NativeRelay, RelayCancelled, Ticket
 
 BOUNDS_S = (0.001, 0.01, 0.1, 0.5, 1.0)
 TICKET = Ticket(previous_s=0.0, deadline_s=float("inf"), idle_timeout_s=30.0, watch_usage=False)
@@ -45,6 +45,14 @@ def sockets() -> Iterator[tuple[socket.socket, socket.socket, socket.socket, soc
         sock.close()
 
 
+def received_so_far(sock: socket.socket) -> int:
+    """How many bytes wait in ``sock``'s receive buffer, left there."""
+    try:
+        return len(sock.recv(1 << 20, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except BlockingIOError:
+        return 0
+
+
 def received(sock: socket.socket) -> bytes:
     """All that waits in ``sock``'s receive buffer."""
     sock.setblocking(False)
@@ -71,7 +79,7 @@ async def test_complete_chunks_go_on_as_they_came_and_the_last_one_comes_back(na
     assert back.ending is Ending.END and back.leftover == LAST and back.unsent == b""
     assert received(client) == chunk(event("a")) + chunk(event("b")) + chunk(b"data: [DONE]\n\n")
     assert back.payload == event("a") + event("b") + b"data: [DONE]\n\n"
-    assert back.reads == 3 and sum(back.gap_counts) == 3  # the cut chunk went on once, whole
+    assert back.token_events == 2 and sum(back.gap_counts) == 2  # the cut chunk went on once, whole; [DONE] is no token
 
 
 async def test_an_error_event_comes_back_from_its_own_chunk_on(native: NativeRelay, sockets) -> None:
@@ -105,7 +113,7 @@ async def test_a_chunk_past_the_deadline_comes_back_unsent(native: NativeRelay, 
     relaying = asyncio.ensure_future(native.relay(engine_side.fileno(), client_side.fileno(), ticket))
     engine.sendall(chunk(event("a")))
     back = await asyncio.wait_for(relaying, 5)
-    assert back.ending is Ending.HANDBACK and back.leftover == chunk(event("a")) and back.reads == 0
+    assert back.ending is Ending.HANDBACK and back.leftover == chunk(event("a")) and back.token_events == 0
     assert received(client) == b""
 
 
@@ -149,17 +157,26 @@ async def test_a_client_that_does_not_read_gets_the_rest_back_as_unsent(native: 
     assert received(client) + back.unsent + back.leftover + received(engine_side) == sent
 
 
-async def test_a_cancelled_relay_lets_go_of_both_sockets(native: NativeRelay, sockets) -> None:
+async def test_a_cancelled_relay_lets_go_of_both_sockets_and_gives_back_what_it_relayed(
+        native: NativeRelay, sockets) -> None:
+    """A client that leaves at ``data: [DONE]`` cancels the relay before the engine's last chunk: what
+    the thread sent still comes back for the request's record (it was dropped, and the page said `cut`)."""
     engine, engine_side, client_side, client = sockets
     relaying = asyncio.ensure_future(native.relay(engine_side.fileno(), client_side.fileno(), TICKET))
-    await asyncio.sleep(0.05)
+    engine.sendall(chunk(event("z")) + chunk(b"data: [DONE]\n\n"))
+    deadline_s = time.monotonic() + 5
+    while received_so_far(client) < len(chunk(event("z")) + chunk(b"data: [DONE]\n\n")) and time.monotonic() < deadline_s:
+        await asyncio.sleep(0.01)
     relaying.cancel()
-    with pytest.raises(asyncio.CancelledError):
+    with pytest.raises(RelayCancelled) as cancelled:
         await relaying
+    back = cancelled.value.handback
+    assert back.ending is Ending.CANCELLED and back.payload == event("z") + b"data: [DONE]\n\n"
+    assert back.token_events == 1
     await asyncio.sleep(0.05)
     engine.sendall(chunk(event("a")))
     await asyncio.sleep(0.05)
-    assert received(client) == b""  # the thread no longer relays it
+    assert received(client) == chunk(event("z")) + chunk(b"data: [DONE]\n\n")  # and nothing since: not relayed
     assert engine_side.recv(1024) == chunk(event("a"))  # and the bytes wait, unread, for their owner
 
 
@@ -173,6 +190,21 @@ async def test_each_relayed_read_counts_one_gap_in_its_bucket(native: NativeRela
     back = await asyncio.wait_for(relaying, 5)
     assert back.gap_counts == (0, 0, 0, 1, 0, 0) and 0.3 <= back.gap_sum_s < 0.5
     assert back.previous_s <= time.perf_counter()
+
+
+async def test_a_burst_counts_one_gap_per_token_event_the_first_its_gap_the_others_zero(
+        native: NativeRelay, sockets) -> None:
+    """Five token events in one read (two of them in one chunk), then the usage-only event and [DONE]:
+    five gaps, about 0.3 s for the first and 0 for the others; the last two are no tokens."""
+    engine, engine_side, client_side, _ = sockets
+    ticket = replace(TICKET, previous_s=time.perf_counter() - 0.3)
+    relaying = asyncio.ensure_future(native.relay(engine_side.fileno(), client_side.fileno(), ticket))
+    usage = chunk(b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":3}}\n\n')
+    engine.sendall(chunk(event("a")) + chunk(event("b") + event("c")) + chunk(event("d")) + chunk(event("e"))
+                   + usage + chunk(b"data: [DONE]\n\n") + LAST)
+    back = await asyncio.wait_for(relaying, 5)
+    assert back.ending is Ending.END and back.token_events == 5
+    assert back.gap_counts == (4, 0, 0, 1, 0, 0) and 0.3 <= back.gap_sum_s < 0.5
 
 
 async def test_an_install_without_the_module_relays_in_python_and_says_so(

@@ -3,6 +3,7 @@ from __future__ import annotations
 from pdserve.config import parse_settings
 from pdserve.engines.kv_path import KvPath
 from pdserve.gateway.kv_monitor import check_window
+from pdserve.pd.slow_kv import KvBar
 from pdserve.pd.transfer_stats import TransferCounters, parse_counters
 from pdserve.verify.checks import NOMINAL_GBPS, Link, classify_link, judge, kv_path_problems
 from pdserve.verify.probe import HandoffProbe, probe_token_ids
@@ -65,6 +66,28 @@ def test_host_memory_allows_the_engines_polling_delay_per_transfer() -> None:
                      link=Link.SAME_GPU, expected_gbps=1800.0, min_fraction=0.1).is_ok
 
 
+def test_a_bar_the_user_gives_can_fail_the_demos_2_mb_probe() -> None:
+    """`verify --expected-gbps 500` passed on the CPU demo: 5 ms of slack a transfer is more than a 2 MB
+    probe takes at any bar over 0.4 GB/s. A bar the user gives is judged with no slack (--slack-ms gives one)."""
+    demo = probe(TransferCounters(bytes=2e6, seconds=0.001, transfers=1, external_tokens=1000))  # 2 GB/s
+    above = judge(demo, link=Link.HOST_MEMORY, expected_gbps=500.0, min_fraction=0.1, is_bar_given=True)
+    assert not above.is_ok and "KV moved at 2 GB/s, under 10% of the host-memory link's 500 GB/s" in above.problems[0]
+    assert judge(demo, link=Link.HOST_MEMORY, expected_gbps=15.0, min_fraction=0.1, is_bar_given=True).is_ok
+    assert judge(demo, link=Link.HOST_MEMORY, expected_gbps=500.0, min_fraction=0.1, is_bar_given=True,
+                 slack_ms=5.0).is_ok  # asked for
+
+
+def test_the_gateway_and_verify_judge_slow_kv_by_one_rule() -> None:
+    """One window, one bar: the gateway warns (and the live page alarms) exactly where `verify` fails."""
+    bar = KvBar(gbps=0.5, allowance_ms=5.0)
+    windows = [TransferCounters(bytes=size, seconds=seconds, transfers=count, external_tokens=1000)
+               for size in (1e5, 2e6, 1e8) for seconds in (0.001, 0.004, 0.02, 0.3) for count in (1, 3)]
+    gateway = [check_window("u", window, bar=bar) is not None for window in windows]
+    verify = [not judge(probe(window), link=Link.NETWORK, expected_gbps=5.0, min_fraction=0.1, slack_ms=5.0).is_ok
+              for window in windows]
+    assert gateway == verify and 0 < sum(gateway) < len(windows)
+
+
 def test_probe_prompts_of_different_seeds_share_no_first_block() -> None:
     first_blocks = {tuple(probe_token_ids(2048, seed=seed)[:16]) for seed in range(5000)}
     assert len(first_blocks) == 5000
@@ -119,7 +142,7 @@ def test_ucx_reading_kv_over_tcp_between_engines_of_one_host_fails_whatever_the_
 
 def test_gateway_warns_on_slow_or_failed_engine_windows() -> None:
     def check(counters: TransferCounters) -> str | None:
-        return check_window("u", counters, slow_kv_gbps=0.5, min_ms=10.0)
+        return check_window("u", counters, bar=KvBar(gbps=0.5, allowance_ms=10.0))
 
     assert "1000 ms each" in (check(TransferCounters(bytes=1e6, seconds=1.0, transfers=1)) or "")
     assert "FAILED" in (check(TransferCounters(failed=1)) or "")
