@@ -8,6 +8,7 @@ Not cryptographic: the threat is a faulty engine or link, not a malicious one (d
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -76,8 +77,10 @@ def _words(blocks: torch.Tensor) -> torch.Tensor:
     return (raw.view(torch.int32) if raw.shape[1] % 4 == 0 else raw).to(torch.int64)
 
 
+@functools.lru_cache(maxsize=32)
 def _weights(count: int, device: torch.device) -> torch.Tensor:
-    """``count`` odd weights, one per place."""
+    """``count`` odd weights, one per place: made once per row length and device (every layer of a model has a few
+    lengths), not again for each layer of each handoff. Only read (multiplied), never written."""
     places = torch.arange(count, dtype=torch.int64, device=device)
     return (places * _WEIGHT_MULTIPLIER) % (1 << 32) | 1
 
